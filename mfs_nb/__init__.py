@@ -1,0 +1,46 @@
+"""mfs_nb: a notebook-native memory layer for long LLM conversations.
+
+`%load_ext mfs_nb` registers the magics; `from mfs_nb import Session` drives the same engine
+from Python. Importing this package is cheap: litellm and LanceDB load on first use.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .errors import ConfigError, InputError, LLMError, MfsError, PromptTooLong, StoreError
+from .tokens import estimate_tokens
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from .events import Event
+    from .session import Reply, Session
+    from .view import Layer, SendView
+
+__all__ = [
+    "ConfigError", "Event", "InputError", "LLMError", "Layer", "MfsError", "PromptTooLong", "Reply",
+    "SendView", "Session", "StoreError", "estimate_tokens", "load_ipython_extension",
+    "unload_ipython_extension",
+]
+
+_LAZY = {"Session": "session", "Reply": "session", "Event": "events", "Layer": "view", "SendView": "view"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from importlib import import_module
+
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(name)
+
+
+def load_ipython_extension(ipython: Any) -> None:
+    """`%load_ext mfs_nb`: register the magics (no litellm, LanceDB or torch import here)."""
+    from .magics import MfsMagics
+
+    ipython.register_magics(MfsMagics(ipython))
+
+
+def unload_ipython_extension(ipython: Any) -> None:
+    """Nothing to tear down: state lives in the store."""

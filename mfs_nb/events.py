@@ -1,0 +1,113 @@
+"""The event: one immutable entry of the append-only log (DESIGN §2.1, §8).
+
+An event never changes once written; what the model receives is a projection of these
+(`view.py`). Events are plain frozen dataclasses so the memory core never touches storage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def content_hash(content: str) -> str:
+    """sha256 of the content as UTF-8."""
+    return hashlib.sha256(content.encode("utf-8")).hexdigest()
+
+
+def clean_text(text: str) -> str:
+    """Make any Python str storable as UTF-8: lone surrogates become U+FFFD, the rest is kept."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One message of the log, with its place (uid, turn) and where it came from (origin)."""
+
+    uid: int
+    session: str
+    turn: int
+    role: str
+    content: str
+    origin: str = ""
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_call_id: str = ""
+    name: str = ""
+    turn_start: bool = False
+    created_at: str = ""
+    sha256: str = field(default="")
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"unknown role {self.role!r}; expected one of {', '.join(ROLES)}")
+        if not self.sha256:
+            object.__setattr__(self, "sha256", content_hash(self.content))
+
+    @property
+    def tool_call_ids(self) -> tuple[str, ...]:
+        """Ids of the tool calls this assistant event makes (empty for other events)."""
+        return tuple(str(c.get("id", "")) for c in self.tool_calls)
+
+    def to_message(self) -> dict[str, Any]:
+        """This event as an OpenAI-format chat message."""
+        msg: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            msg["tool_calls"] = [dict(c) for c in self.tool_calls]
+        if self.role == "tool":
+            msg["tool_call_id"] = self.tool_call_id
+            if self.name:
+                msg["name"] = self.name
+        return msg
+
+    def to_row(self, writer: str) -> dict[str, Any]:
+        """The LanceDB row for this event; `writer` identifies the Session that wrote it."""
+        return {
+            "key": event_key(self.session, self.uid),
+            "session": self.session,
+            "uid": self.uid,
+            "turn": self.turn,
+            "turn_start": self.turn_start,
+            "role": self.role,
+            "origin": self.origin,
+            "content": self.content,
+            "tool_calls": json.dumps(list(self.tool_calls), ensure_ascii=False, sort_keys=True)
+            if self.tool_calls
+            else "",
+            "tool_call_id": self.tool_call_id,
+            "name": self.name,
+            "sha256": self.sha256,
+            "created_at": self.created_at,
+            "writer": writer,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Event:
+        calls = tuple(json.loads(row["tool_calls"])) if row.get("tool_calls") else ()
+        return cls(
+            uid=int(row["uid"]),
+            session=row["session"],
+            turn=int(row["turn"]),
+            role=row["role"],
+            content=row["content"],
+            origin=row.get("origin") or "",
+            tool_calls=calls,
+            tool_call_id=row.get("tool_call_id") or "",
+            name=row.get("name") or "",
+            turn_start=bool(row.get("turn_start")),
+            created_at=row.get("created_at") or "",
+            sha256=row["sha256"],
+        )
+
+
+def event_key(session: str, uid: int) -> str:
+    """The stable merge key of an event: one row per (session, uid), whoever retries the write."""
+    return f"{session}\x1f{uid:012d}"
+

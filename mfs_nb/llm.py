@@ -1,0 +1,367 @@
+"""The LLM boundary (DESIGN §7 endpoint fallback, §9): the only module that imports litellm.
+
+litellm is imported lazily (it takes seconds) with its model-cost map read locally, so nothing
+reaches for the network on import. Keys come from the environment only; they are passed to
+litellm and nowhere else, and are scrubbed from every error message.
+
+`LLM` holds a primary and an optional fallback endpoint. Connection errors, timeouts, 5xx and
+429 — streaming or not — move the call to the other endpoint; the state machine is guarded by a
+lock so concurrent calls see one consistent state.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import LLMError, PromptTooLong
+from .settings import OFFLINE_MODEL
+
+_litellm: Any = None
+_import_lock = threading.Lock()
+
+
+def litellm_module() -> Any:
+    """Import litellm once, offline-safe, with the embedded offline provider registered."""
+    global _litellm
+    with _import_lock:
+        if _litellm is None:
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            from .tokens import _ensure_tiktoken_cache
+
+            _ensure_tiktoken_cache()
+            import litellm
+
+            from .offline import OfflineProvider
+
+            litellm.suppress_debug_info = True
+            litellm.telemetry = False
+            providers = [p for p in (litellm.custom_provider_map or []) if p.get("provider") != "mfs-offline"]
+            providers.append({"provider": "mfs-offline", "custom_handler": OfflineProvider()})
+            litellm.custom_provider_map = providers
+            _register_custom_providers(litellm)
+            _litellm = litellm
+    return _litellm
+
+
+def _register_custom_providers(litellm: Any) -> None:
+    try:
+        from litellm.utils import custom_llm_setup
+
+        custom_llm_setup()
+    except ImportError:  # older litellm registers the map on first call
+        pass
+
+
+def is_offline(model: str) -> bool:
+    return model.startswith("mfs-offline/")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A model and where to reach it. The key is held in memory only and never printed."""
+
+    model: str
+    api_base: str = ""
+    api_key: str = field(default="", repr=False)
+    label: str = "primary"
+
+    def describe(self) -> str:
+        return f"{self.label}: {self.model}" + (f" @ {self.api_base}" if self.api_base else "")
+
+
+@dataclass
+class Completion:
+    """One model answer: text, tool calls (OpenAI format), provider usage and who answered."""
+
+    text: str
+    tool_calls: list[dict[str, Any]]
+    usage: dict[str, int] | None
+    endpoint: str
+    model: str
+    duration_s: float = 0.0
+
+
+class _Switch(Exception):
+    """Internal: a transport failure that the other endpoint may not have."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class LLM:
+    """Completions through litellm with primary → fallback switching."""
+
+    def __init__(self, primary: Endpoint, fallback: Endpoint | None = None, *, timeout_s: float = 120.0,
+                 retry_primary_after_s: float = 300.0):
+        self.primary = primary
+        self.fallback = fallback
+        self.timeout_s = timeout_s
+        self.retry_primary_after_s = retry_primary_after_s
+        self._lock = threading.Lock()
+        self._on_fallback_since: float | None = None
+        self.last_switch_reason = ""
+        self.switches = 0
+
+    # -- state ---------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """'primary' or 'fallback': which endpoint the next call tries first."""
+        with self._lock:
+            return self._state_locked()
+
+    def _state_locked(self) -> str:
+        if self._on_fallback_since is None:
+            return "primary"
+        if time.monotonic() - self._on_fallback_since >= self.retry_primary_after_s:
+            self._on_fallback_since = None
+            return "primary"
+        return "fallback"
+
+    def _order(self) -> list[Endpoint]:
+        with self._lock:
+            first = self._state_locked()
+        if self.fallback is None:
+            return [self.primary]
+        return [self.fallback, self.primary] if first == "fallback" else [self.primary, self.fallback]
+
+    def _mark(self, endpoint: Endpoint, failed_reason: str | None = None) -> None:
+        with self._lock:
+            if endpoint is self.fallback:
+                if self._on_fallback_since is None:
+                    self.switches += 1
+                    self._on_fallback_since = time.monotonic()
+            elif endpoint is self.primary and self._on_fallback_since is not None:
+                self._on_fallback_since = None
+                self.switches += 1
+            if failed_reason:
+                self.last_switch_reason = failed_reason
+
+    def describe(self) -> str:
+        """One line for `%mfs status`."""
+        state = self.state
+        text = f"endpoint {state} ({self.primary.model}"
+        if self.fallback:
+            text += f"; fallback {self.fallback.model}"
+        text += ")"
+        if self.last_switch_reason:
+            text += f"; last switch: {self.last_switch_reason}"
+        return text
+
+    # -- calls ---------------------------------------------------------------------------
+    def complete(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        stream: bool = True,
+        on_delta: Callable[[str], None] | None = None,
+        on_reset: Callable[[], None] | None = None,
+    ) -> Completion:
+        """Call the model; on a transport failure try the other endpoint once."""
+        order = self._order()
+        last: _Switch | None = None
+        for i, endpoint in enumerate(order):
+            started = time.monotonic()
+            try:
+                result = self._call(endpoint, messages, tools, stream, on_delta)
+            except _Switch as exc:
+                last = exc
+                if i + 1 < len(order):
+                    if on_reset:
+                        on_reset()
+                    self._mark(order[i + 1], f"{endpoint.label} {exc.reason}")
+                    continue
+                break
+            result.duration_s = time.monotonic() - started
+            self._mark(endpoint)
+            return result
+        assert last is not None
+        names = " and ".join(e.label for e in order)
+        raise LLMError(f"{names} endpoint{'s' if len(order) > 1 else ''} failed: {last.reason}")
+
+    def _call(self, endpoint: Endpoint, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+              stream: bool, on_delta: Callable[[str], None] | None) -> Completion:
+        litellm = litellm_module()
+        kwargs: dict[str, Any] = {
+            "model": endpoint.model,
+            "messages": messages,
+            "timeout": self.timeout_s,
+            "num_retries": 0,
+            "max_retries": 0,
+        }
+        if endpoint.api_base:
+            kwargs["api_base"] = endpoint.api_base
+        if endpoint.api_key:
+            kwargs["api_key"] = endpoint.api_key
+        if tools:
+            kwargs["tools"] = tools
+        try:
+            if stream:
+                kwargs["stream"] = True
+                kwargs["stream_options"] = {"include_usage": True}
+                return self._consume_stream(endpoint, litellm.completion(**kwargs), on_delta)
+            response = litellm.completion(**kwargs)
+            return _from_response(endpoint, response)
+        except (_Switch, LLMError):
+            raise
+        except Exception as exc:
+            raise _classify(exc, endpoint) from exc
+
+    def _consume_stream(self, endpoint: Endpoint, chunks: Any, on_delta: Callable[[str], None] | None) -> Completion:
+        parts: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        usage: dict[str, int] | None = None
+        model = endpoint.model
+        for chunk in chunks:
+            if getattr(chunk, "usage", None):
+                usage = _usage(chunk.usage) or usage
+            for choice in getattr(chunk, "choices", None) or ():
+                delta = getattr(choice, "delta", None)
+                if delta is None:
+                    continue
+                text = getattr(delta, "content", None)
+                if text:
+                    parts.append(text)
+                    if on_delta:
+                        on_delta(text)
+                for tc in getattr(delta, "tool_calls", None) or ():
+                    index = getattr(tc, "index", None) or 0
+                    slot = calls.setdefault(index, {"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                    if getattr(tc, "id", None):
+                        slot["id"] = tc.id
+                    fn = getattr(tc, "function", None)
+                    if fn is not None:
+                        if getattr(fn, "name", None):
+                            slot["function"]["name"] += fn.name
+                        if getattr(fn, "arguments", None):
+                            slot["function"]["arguments"] += fn.arguments
+        tool_calls = [calls[i] for i in sorted(calls)]
+        for n, call in enumerate(tool_calls):
+            call["id"] = call["id"] or f"call_{n}"
+        return Completion("".join(parts), tool_calls, usage, endpoint.label, model)
+
+
+def _from_response(endpoint: Endpoint, response: Any) -> Completion:
+    message = response.choices[0].message
+    tool_calls = []
+    for n, tc in enumerate(getattr(message, "tool_calls", None) or ()):
+        tool_calls.append({
+            "id": tc.id or f"call_{n}",
+            "type": "function",
+            "function": {"name": tc.function.name or "", "arguments": tc.function.arguments or ""},
+        })
+    return Completion(message.content or "", tool_calls, _usage(getattr(response, "usage", None)),
+                      endpoint.label, endpoint.model)
+
+
+def _usage(raw: Any) -> dict[str, int] | None:
+    """Provider usage as plain ints; None when missing or malformed (it then never anchors)."""
+    if raw is None:
+        return None
+    try:
+        prompt = int(getattr(raw, "prompt_tokens", None) if not isinstance(raw, dict) else raw.get("prompt_tokens"))
+        completion = raw.get("completion_tokens") if isinstance(raw, dict) else getattr(raw, "completion_tokens", 0)
+        details = raw.get("prompt_tokens_details") if isinstance(raw, dict) else getattr(raw, "prompt_tokens_details", None)
+        cached = (details.get("cached_tokens") if isinstance(details, dict) else getattr(details, "cached_tokens", 0)) or 0
+        if prompt < 0:
+            return None
+        return {"prompt_tokens": prompt, "completion_tokens": int(completion or 0), "cached_tokens": int(cached)}
+    except (TypeError, ValueError):
+        return None
+
+
+_GAP = re.compile(r"(\d[\d,]*)\s*tokens?\s*>\s*(\d[\d,]*)|requested\s+(\d[\d,]*)\s+tokens.*?maximum.*?(\d[\d,]*)",
+                  re.I | re.S)
+_MAXCTX = re.compile(r"maximum context length is\s+(\d[\d,]*).*?(?:resulted in|requested)\s+(\d[\d,]*)", re.I | re.S)
+
+
+def parse_token_gap(message: str) -> int | None:
+    """How many tokens over the limit a prompt-too-long error says the request was, if it says."""
+    m = _MAXCTX.search(message)
+    if m:
+        limit, used = (int(g.replace(",", "")) for g in m.groups())
+        return max(used - limit, 0) or None
+    m = _GAP.search(message)
+    if m:
+        if m.group(1):
+            used, limit = int(m.group(1).replace(",", "")), int(m.group(2).replace(",", ""))
+        else:
+            used, limit = int(m.group(3).replace(",", "")), int(m.group(4).replace(",", ""))
+        return max(used - limit, 0) or None
+    return None
+
+
+def _secrets() -> list[str]:
+    return [v for k, v in os.environ.items() if re.search(r"KEY|TOKEN|SECRET|PASSWORD", k) and len(v) >= 8]
+
+
+def redact(text: str, extra: tuple[str, ...] = ()) -> str:
+    """Remove every key we know of from a text that may be shown or stored."""
+    for secret in (*_secrets(), *extra):
+        if secret:
+            text = text.replace(secret, "***")
+    return re.sub(r"\b(sk-[A-Za-z0-9_-]{6})[A-Za-z0-9_-]{6,}", r"\1***", text)
+
+
+def _one_line(exc: BaseException, endpoint: Endpoint) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = redact(text, (endpoint.api_key,))
+    return text[:300] + ("…" if len(text) > 300 else "")
+
+
+def _classify(exc: Exception, endpoint: Endpoint) -> Exception:
+    name = type(exc).__name__
+    status = getattr(exc, "status_code", None)
+    reason = _one_line(exc, endpoint)
+    if "ContextWindowExceeded" in name or re.search(r"context length|prompt is too long|too many tokens", reason, re.I):
+        return PromptTooLong(f"{endpoint.model}: prompt too long: {reason}", parse_token_gap(str(exc)))
+    if "Connection" in name or "Timeout" in name or "ServiceUnavailable" in name or "InternalServer" in name \
+            or "RateLimit" in name or "BadGateway" in name or (isinstance(status, int) and (status == 429 or status >= 500)):
+        label = f"HTTP {status}" if isinstance(status, int) else name
+        return _Switch(f"{label} from {endpoint.model}: {reason}")
+    if "Authentication" in name or status == 401:
+        return LLMError(f"{endpoint.model}: the provider rejected the key ({reason}); set the provider's key "
+                        "in the environment (e.g. OPENAI_API_KEY) and re-run the cell")
+    if "NotFound" in name or status == 404:
+        return LLMError(f"{endpoint.model}: model or endpoint not found ({reason}); check `%mfs config model=…`")
+    return LLMError(f"{endpoint.model}: {reason}")
+
+
+def model_window(model: str) -> int | None:
+    """The model's input window from litellm's local model map, or None when unknown."""
+    if is_offline(model):
+        return None
+    try:
+        info = litellm_module().get_model_info(model)
+    except Exception:  # unknown model: the caller falls back to configuration
+        return None
+    value = info.get("max_input_tokens") or info.get("max_tokens")
+    return int(value) if value else None
+
+
+def missing_key(model: str, api_base: str = "") -> str | None:
+    """The environment variable a model needs and lacks, if litellm can tell; None when fine."""
+    if is_offline(model) or api_base:
+        return None
+    try:
+        report = litellm_module().validate_environment(model=model)
+    except Exception:
+        return None
+    missing = report.get("missing_keys") or []
+    return missing[0] if missing and not report.get("keys_in_environment") else None
+
+
+def default_endpoints(model: str, api_base: str, fallback_model: str, fallback_base_url: str) -> tuple[Endpoint, Endpoint | None]:
+    """Endpoints from settings, with keys read from the environment (never from settings)."""
+    primary = Endpoint(model or OFFLINE_MODEL, api_base, os.environ.get("MFS_API_KEY", ""), "primary")
+    fallback = None
+    if fallback_model and fallback_base_url:
+        fallback = Endpoint(fallback_model, fallback_base_url, os.environ.get("MFS_FALLBACK_API_KEY", ""), "fallback")
+    return primary, fallback

@@ -1,0 +1,315 @@
+"""The IPython boundary: `%%chat`, `%recall`, `%mfs` (DESIGN §1).
+
+Parsing is argparse raising `UsageError`; engine errors (`MfsError`) print one line and leave
+the session usable. Settings are traitlets, so `%config MfsMagics.model = "…"` works, and each
+value is validated before it is applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.display import Markdown, display
+from traitlets import Int, TraitError, Unicode, observe, validate
+from traitlets.config import Configurable
+
+from .errors import MfsError
+from .settings import Settings
+
+_TEMPLATE = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_RANGE = re.compile(r"^\s*#?(\d+)\s*(?:(?:-|–|\.\.|\s)\s*#?(\d+))?\s*$")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse would exit the kernel
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _chat_parser() -> _Parser:
+    p = _Parser(prog="%%chat", add_help=False)
+    p.add_argument("--session", "-s")
+    p.add_argument("--model", "-m")
+    p.add_argument("--no-stream", action="store_true")
+    return p
+
+
+def substitute(text: str, namespace: dict[str, Any]) -> tuple[str, list[str]]:
+    """Replace `{name}` by the notebook variable's value; `{{`/`}}` escape; unknown names stay."""
+    unknown: list[str] = []
+
+    def repl(m: re.Match[str]) -> str:
+        token = m.group(0)
+        if token == "{{":
+            return "{"
+        if token == "}}":
+            return "}"
+        name = m.group(1)
+        if name in namespace and not name.startswith("_"):
+            return str(namespace[name])
+        unknown.append(name)
+        return token
+
+    return _TEMPLATE.sub(repl, text), unknown
+
+
+def parse_uid_range(line: str) -> tuple[int, int | None]:
+    """`102-140`, `102 140`, `#102`, `102` → (from, to)."""
+    m = _RANGE.match(line or "")
+    if not m:
+        raise UsageError(f"%recall: expected a uid or a range like 102-140, got {line.strip()!r}")
+    return int(m.group(1)), int(m.group(2)) if m.group(2) else None
+
+
+def _error(exc: BaseException) -> None:
+    print(f"mfs: {exc}", file=sys.stderr)
+
+
+@magics_class
+class MfsMagics(Magics, Configurable):
+    """`%%chat`, `%recall` and `%mfs`: one long conversation across notebook cells."""
+
+    model = Unicode("", help="litellm model name; empty: MFS_MODEL or the offline default").tag(config=True)
+    store = Unicode("", help="LanceDB store path or URI; empty: MFS_STORE or ./.mfs").tag(config=True)
+    window_tokens = Int(0, help="model window in tokens; 0: MFS_WINDOW or litellm's model map").tag(config=True)
+    session = Unicode("default", help="the session %%chat talks to").tag(config=True)
+
+    def __init__(self, shell: Any):
+        Configurable.__init__(self, config=shell.config)
+        Magics.__init__(self, shell=shell)
+        shell.configurables.append(self)
+        self._sessions: dict[str, Any] = {}
+        self._store: Any = None
+
+    # -- traitlets: validate before anything is applied ----------------------------------
+    @validate("model")
+    def _valid_model(self, proposal: dict[str, Any]) -> str:
+        value = proposal["value"].strip()
+        if value:
+            self._check(model=value)
+        return value
+
+    @validate("window_tokens")
+    def _valid_window(self, proposal: dict[str, Any]) -> int:
+        value = proposal["value"]
+        if value:
+            self._check(window_tokens=value)
+        return value
+
+    @validate("session")
+    def _valid_session(self, proposal: dict[str, Any]) -> str:
+        from .session import _NAME
+
+        if not _NAME.match(proposal["value"]):
+            raise TraitError(f"session name {proposal['value']!r} is invalid: use letters, digits, '.', '_' or '-'")
+        return proposal["value"]
+
+    @staticmethod
+    def _check(**values: Any) -> None:
+        try:
+            Settings().with_values(**values)
+        except MfsError as exc:
+            raise TraitError(str(exc)) from None
+
+    @observe("model", "window_tokens")
+    def _apply(self, change: dict[str, Any]) -> None:
+        for session in self._sessions.values():
+            if change["new"]:
+                session.configure(**{change["name"]: change["new"]})
+
+    # -- sessions ------------------------------------------------------------------------
+    def _get_store(self) -> Any:
+        if self._store is None:
+            from .store import Store
+
+            self._store = Store(self.store or None)
+        return self._store
+
+    def get_session(self, name: str | None = None) -> Any:
+        from .session import Session
+
+        name = name or self.session
+        if name not in self._sessions:
+            explicit = {k: v for k, v in (("model", self.model), ("window_tokens", self.window_tokens)) if v}
+            self._sessions[name] = Session(name, store=self._get_store(), **explicit)
+        return self._sessions[name]
+
+    # -- %%chat --------------------------------------------------------------------------
+    @cell_magic
+    def chat(self, line: str, cell: str) -> None:
+        """Chat with the model; the whole conversation is remembered across cells.
+
+        %%chat [--session NAME] [--model M] [--no-stream]
+        {name} inserts a notebook variable's value ({{ and }} for literal braces).
+        """
+        args = _chat_parser().parse_args(shlex.split(line))
+        try:
+            session = self.get_session(args.session)
+            if args.model:
+                session.configure(model=args.model)
+            text, unknown = substitute(cell, self.shell.user_ns)
+            if unknown:
+                print(f"mfs: left as written (no such variable): {', '.join('{' + u + '}' for u in unknown)}",
+                      file=sys.stderr)
+            stream = _Stream(self.shell)
+            reply = session.chat(text, on_delta=stream.delta, on_reset=stream.reset, stream=not args.no_stream)
+            stream.finish(reply.text)
+            self._show_status(reply.usage, reply.notices)
+        except MfsError as exc:
+            _error(exc)
+
+    def _show_status(self, usage: Any, notices: list[str]) -> None:
+        from .ui.data import status_data
+
+        data = status_data(usage, notices)
+        if _has_frontend(self.shell):
+            from .ui.status import StatusBar
+
+            display(StatusBar(data=data))
+        else:
+            print(data["line"])
+            for notice in notices:
+                print(notice)
+
+    # -- %recall -------------------------------------------------------------------------
+    @line_magic
+    def recall(self, line: str) -> None:
+        """Show the original messages of a uid range, verbatim: %recall 102-140 (or 102 140, or 102)."""
+        a, b = parse_uid_range(line)
+        try:
+            events = self.get_session().recall(a, b)
+        except MfsError as exc:
+            _error(exc)
+            return
+        from .ui.data import recall_html, recall_text
+
+        display({"text/plain": recall_text(events), "text/html": recall_html(events)}, raw=True)
+
+    # -- %mfs ----------------------------------------------------------------------------
+    @line_magic
+    def mfs(self, line: str) -> None:
+        """Session management: %mfs status | sessions | new NAME | use NAME | config [key=value …] | ledger | help"""
+        words = shlex.split(line)
+        command, rest = (words[0], words[1:]) if words else ("status", [])
+        handler: Callable[[list[str]], None] | None = getattr(self, f"_mfs_{command}", None)
+        if handler is None:
+            raise UsageError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, config, ledger, help")
+        try:
+            handler(rest)
+        except MfsError as exc:
+            _error(exc)
+
+    def _mfs_help(self, rest: list[str]) -> None:
+        print(self.mfs.__doc__)
+
+    def _mfs_status(self, rest: list[str]) -> None:
+        s = self.get_session()
+        st = s.status()
+        u = s.usage()
+        print(u.status_line())
+        print(f"store {st['store']} · model {st['model']} · {st['events']} events, last uid {st['last_uid']}, "
+              f"{st['turns']} turns · pressure from {u.source}")
+        print(st["endpoint"])
+
+    def _mfs_sessions(self, rest: list[str]) -> None:
+        names = self._get_store().sessions()
+        for name in names or ["(none yet)"]:
+            print(("* " if name == self.session else "  ") + name)
+
+    def _mfs_new(self, rest: list[str]) -> None:
+        if len(rest) != 1:
+            raise UsageError("%mfs new NAME: give exactly one session name")
+        if rest[0] in self._get_store().sessions():
+            raise UsageError(f"%mfs new: session {rest[0]!r} exists already; switch to it with %mfs use {rest[0]}")
+        self.session = rest[0]
+        self.get_session()
+        print(f"session {self.session} created; %%chat now talks to it")
+
+    def _mfs_use(self, rest: list[str]) -> None:
+        if len(rest) != 1:
+            raise UsageError("%mfs use NAME: give exactly one session name")
+        self.session = rest[0]
+        s = self.get_session()
+        print(f"session {self.session}: {len(s.events)} events, last uid {s.last_uid}")
+
+    def _mfs_config(self, rest: list[str]) -> None:
+        s = self.get_session()
+        if not rest:
+            for key, value in s.settings.public().items():
+                print(f"{key} = {value!r}")
+            return
+        values = {}
+        for word in rest:
+            if "=" not in word:
+                raise UsageError(f"%mfs config: expected key=value, got {word!r}")
+            key, value = word.split("=", 1)
+            values[key.strip()] = value
+        new = s.configure(**values)
+        print("; ".join(f"{k} = {getattr(new, k)!r}" for k in values))
+
+    def _mfs_ledger(self, rest: list[str]) -> None:
+        rows = self.get_session().ledger()
+        if not rows:
+            print("ledger is empty: the memory layer has not acted yet")
+        for row in rows:
+            print(json.dumps(row, ensure_ascii=False))
+
+
+def _has_frontend(shell: Any) -> bool:
+    """True inside a kernel whose front end can show rich output (not a plain terminal)."""
+    return getattr(shell, "kernel", None) is not None
+
+
+class _Stream:
+    """Streams deltas into the cell: a Markdown display updated in place, or plain prints."""
+
+    def __init__(self, shell: Any, every_s: float = 0.1):
+        self.rich = _has_frontend(shell)
+        self.parts: list[str] = []
+        self.handle: Any = None
+        self.every_s = every_s
+        self.last = 0.0
+
+    def delta(self, text: str) -> None:
+        self.parts.append(text)
+        if not self.rich:
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            return
+        now = time.monotonic()
+        if now - self.last >= self.every_s:
+            self.last = now
+            self._show()
+
+    def reset(self) -> None:
+        """The endpoint switched mid-stream: start the reply over."""
+        self.parts.clear()
+        if not self.rich:
+            sys.stdout.write("\n[switching endpoint; reply restarts]\n")
+        else:
+            self._show()
+
+    def _show(self) -> None:
+        body = Markdown("".join(self.parts))
+        if self.handle is None:
+            self.handle = display(body, display_id=True)
+        else:
+            self.handle.update(body)
+
+    def finish(self, text: str) -> None:
+        if not self.rich:
+            if not self.parts:
+                sys.stdout.write(text)
+            sys.stdout.write("\n")
+            return
+        self.parts = [text]
+        self._show()
+

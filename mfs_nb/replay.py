@@ -1,0 +1,154 @@
+"""`mfs-nb replay`: feed a recorded conversation through the memory layer, exactly as live.
+
+Each user message opens a turn; assistant and tool messages are appended as recorded. Before
+each recorded assistant message the model would have been called: that is one *call*, and the
+memory layer runs `Session.prepare_call()` — the same step a live `chat` runs — and the payload
+it would have sent is measured (and optionally written to disk).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+from .events import ROLES
+
+
+@dataclass
+class Message:
+    """One recorded message, normalised to OpenAI format."""
+
+    role: str
+    content: str
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_call_id: str = ""
+    name: str = ""
+
+
+def load_transcript(path: str | Path) -> list[Message]:
+    """Read JSONL (one message per line) or a JSON list of OpenAI-format messages."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{path}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{path}: not UTF-8 text (bad byte at {exc.start})") from None
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
+        items = list(enumerate(raw, 1))
+        where = "item"
+    else:
+        items = []
+        for n, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                items.append((n, json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}: line {n} is not JSON ({exc.msg})") from None
+        where = "line"
+    return normalise([m for _, m in items], [f"{path}: {where} {n}" for n, _ in items])
+
+
+def normalise(raw: list[Any], places: list[str] | None = None) -> list[Message]:
+    """OpenAI-format dicts → Messages; tool calls get ids and results get their call's id."""
+    places = places or [f"message {i}" for i in range(1, len(raw) + 1)]
+    out: list[Message] = []
+    pending: list[str] = []
+    counter = 0
+    for item, place in zip(raw, places):
+        if not isinstance(item, dict):
+            raise InputError(f"{place}: expected a JSON object with role and content")
+        role = item.get("role")
+        if role not in ROLES:
+            raise InputError(f"{place}: role must be one of {', '.join(ROLES)}, got {role!r}")
+        content = _text(item.get("content"), place)
+        calls = []
+        for call in item.get("tool_calls") or []:
+            if not isinstance(call, dict):
+                raise InputError(f"{place}: tool_calls must be a list of objects")
+            fn = call.get("function") if isinstance(call.get("function"), dict) else call
+            arguments = fn.get("arguments", "")
+            if not isinstance(arguments, str):
+                arguments = json.dumps(arguments, ensure_ascii=False)
+            counter += 1
+            calls.append({"id": str(call.get("id") or f"call_r{counter}"), "type": "function",
+                          "function": {"name": str(fn.get("name") or ""), "arguments": arguments}})
+        if role == "assistant" and calls:
+            pending = [c["id"] for c in calls]
+        call_id = str(item.get("tool_call_id") or "")
+        if role == "tool":
+            if not call_id and pending:
+                call_id = pending[0]
+            if call_id in pending:
+                pending.remove(call_id)
+        out.append(Message(role, content, calls, call_id, str(item.get("name") or "")))
+    return out
+
+
+def _text(content: Any, place: str) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts
+        return "\n".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    raise InputError(f"{place}: content must be text or a list of parts, got {type(content).__name__}")
+
+
+def replay(messages: list[Message], *, window: int | None = None, model: str | None = None,
+           store: str | None = None, payloads: str | Path | None = None, session: str = "replay") -> dict[str, Any]:
+    """Run the transcript through a fresh session; return the report (see README, `replay`)."""
+    from .session import Session, shared_prefix_tokens
+
+    tmp = None if store else tempfile.mkdtemp(prefix="mfs-replay-")
+    try:
+        s = Session(session, store=store or tmp, model=model, window_tokens=window)
+        if s.events:
+            raise InputError(f"session {session!r} in {s.store.uri} already has events; use an empty --store")
+        if payloads:
+            Path(payloads).mkdir(parents=True, exist_ok=True)
+        uids: dict[str, int] = {}
+        calls = []
+        previous: list[dict[str, Any]] | None = None
+        for index, msg in enumerate(messages):
+            if msg.role == "assistant":
+                plan = s.prepare_call()
+                view = plan.view
+                counts = [s._count(m, u) for m, u in zip(view.messages, view.uids)]
+                shared = shared_prefix_tokens(previous, view.messages, counts.__getitem__) if previous else 0
+                calls.append({"call": len(calls) + 1, "turn": s.turn, "payload_tokens": sum(counts),
+                              "shared_prefix_tokens": shared, "tier": plan.usage.tier, "notices": plan.notices})
+                if payloads:
+                    path = Path(payloads) / f"call-{len(calls):05d}.json"
+                    path.write_text(json.dumps({"messages": view.messages}, ensure_ascii=False), encoding="utf-8")
+                previous = view.messages
+            event = s.record(msg.role, msg.content, tool_calls=msg.tool_calls or None, tool_call_id=msg.tool_call_id,
+                             name=msg.name, new_turn=msg.role == "user", origin=msg.role)
+            uids[str(index)] = event.uid
+        final = s.send_view()
+        raw = final.raw_uids()
+        total = len(s.events)
+        return {
+            "window_tokens": s.window,
+            "model": s.settings.model,
+            "uids": uids,
+            "calls": calls,
+            "final_view": {"messages": final.messages, "layers": [layer.to_json() for layer in final.layers]},
+            "coverage": {"uids_total": total, "raw": len(raw), "in_segments": 0, "lost": total - len(raw)},
+            "ledger": s.ledger(),
+        }
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+

@@ -1,0 +1,400 @@
+"""The orchestrator (DESIGN §3): one `Session` wires a turn through log, projection and model.
+
+Everything the magics, the CLI and the benchmarks do goes through this class. The memory
+logic stays in pure modules (`view`, `tokens`, `usage`); this file owns the order of steps,
+persistence of each event the moment it exists, and the tool loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Protocol
+
+from .errors import ConfigError, InputError, MfsError
+from .events import Event, clean_text
+from .llm import LLM, Completion, default_endpoints, is_offline, missing_key, model_window, redact
+from .settings import Settings, from_environment
+from .store import Store, UidConflict, now_iso
+from .tokens import estimate_tokens, message_tokens
+from .tools import RECALL_DESCRIPTION, RECALL_SCHEMA, Tool, call_tool, format_events, parse_range
+from .usage import ContextProfile, Usage
+from .view import SendView, project
+
+DEFAULT_WINDOW = 128_000
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+# A single message may take at most this share of the effective window; more cannot be sent.
+MAX_MESSAGE_SHARE = 0.5
+
+
+class ChatModel(Protocol):
+    """What a Session needs from a model client (the real one is `llm.LLM`; tests pass fakes)."""
+
+    def complete(self, messages: list[dict[str, Any]], *, tools: list[dict[str, Any]] | None = None,
+                 stream: bool = True, on_delta: Callable[[str], None] | None = None,
+                 on_reset: Callable[[], None] | None = None) -> Completion: ...
+
+
+@dataclass
+class Reply:
+    """The answer to one `chat` call."""
+
+    text: str
+    usage: Usage
+    provider_usage: dict[str, int] | None
+    notices: list[str] = field(default_factory=list)
+    uids: list[int] = field(default_factory=list)
+    endpoint: str = "primary"
+
+    def _repr_markdown_(self) -> str:
+        return f"{self.text}\n\n`{self.usage.status_line()}`"
+
+
+@dataclass
+class CallPlan:
+    """What the memory layer decided before one model call: the payload and its pressure."""
+
+    view: SendView
+    usage: Usage
+    notices: list[str]
+
+
+def _window_for(settings: Settings) -> int:
+    if settings.window_tokens:
+        return settings.window_tokens
+    return (None if is_offline(settings.model) else model_window(settings.model)) or DEFAULT_WINDOW
+
+
+def system_prompt(extra: str = "") -> str:
+    base = resources.files("mfs_nb").joinpath("prompts/system.md").read_text(encoding="utf-8").strip()
+    return base + ("\n\n" + extra.strip() if extra.strip() else "")
+
+
+class Session:
+    """A named conversation persisted in a store; re-opening the name resumes it exactly."""
+
+    def __init__(self, name: str = "default", store: str | Store | None = None, model: str | None = None,
+                 window_tokens: int | None = None, *, llm: ChatModel | None = None, **settings: Any):
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ConfigError(f"session name {name!r} is invalid: use 1-64 letters, digits, '.', '_' or '-'")
+        self.name = name
+        self.store = store if isinstance(store, Store) else Store(store)
+        meta = self.store.load_meta(name)
+        explicit = {k: v for k, v in {"model": model, "window_tokens": window_tokens, **settings}.items()
+                    if v is not None}
+        saved = dict(meta.get("settings") or {})
+        self.settings = Settings().with_values(**from_environment()).with_values(**saved).with_values(**explicit)
+        self._saved = {**saved, **{k: getattr(self.settings, k) for k in explicit}}
+        self._writer = uuid.uuid4().hex
+        self._lock = threading.RLock()
+        self._events: list[Event] = self.store.load_events(name)
+        self._anchor: dict[str, Any] | None = meta.get("anchor")
+        self._ledger_seq = len(self.store.load_ledger(name))
+        self._token_cache: dict[int, int] = {}
+        self._last_payload: list[dict[str, Any]] | None = None
+        self._last_prefix_ratio: float | None = None
+        self._last_provider_usage: dict[str, int] | None = None
+        self._injected_llm = llm
+        self._llm: ChatModel | None = llm
+        self._window: int | None = None
+        self.tools: dict[str, Tool] = {}
+        self.register_tool(Tool("recall_history", RECALL_DESCRIPTION, RECALL_SCHEMA, self._recall_tool))
+        if explicit or not meta:
+            self._save_meta()
+        if self.settings.window_tokens:
+            self._check_overhead(ContextProfile(self.settings.window_tokens), self.settings)
+
+    # -- configuration ---------------------------------------------------------------------
+    def configure(self, **values: Any) -> Settings:
+        """Validate and apply settings; on any error nothing changes. Saved with the session."""
+        with self._lock:
+            new = self.settings.with_values(**values)
+            if new.fallback_model and not os.environ.get("MFS_FALLBACK_API_KEY"):
+                raise ConfigError("a fallback endpoint needs MFS_FALLBACK_API_KEY in the environment (keys are never saved)")
+            window = _window_for(new)
+            self._check_overhead(ContextProfile(window), new)
+            self.settings, self._window = new, window
+            self._saved.update({k: getattr(new, k) for k in values})
+            if self._injected_llm is None:
+                self._llm = None  # rebuilt with the new endpoints on the next call
+            self._save_meta()
+            return new
+
+    def register_tool(self, tool: Tool) -> None:
+        self.tools[tool.name] = tool
+
+    @property
+    def llm(self) -> ChatModel:
+        if self._llm is None:
+            s = self.settings
+            primary, fallback = default_endpoints(s.model, s.api_base, s.fallback_model, s.fallback_base_url)
+            self._llm = LLM(primary, fallback, timeout_s=s.timeout_s)
+        return self._llm
+
+    @property
+    def window(self) -> int:
+        """The model's window: configured, else litellm's model map, else 128k."""
+        if self._window is None:
+            self._window = _window_for(self.settings)
+        return self._window
+
+    def profile(self) -> ContextProfile:
+        """Window and tier thresholds of this session."""
+        return ContextProfile(self.window)
+
+    def _check_overhead(self, profile: ContextProfile, settings: Settings) -> None:
+        overhead = message_tokens({"role": "system", "content": system_prompt(settings.system_prompt)})
+        overhead += self._tool_schema_tokens(settings)
+        if overhead > profile.effective * MAX_MESSAGE_SHARE:
+            raise ConfigError(
+                f"window of {profile.window_tokens:,} tokens is too small: the system prompt and tool schemas "
+                f"alone take {overhead:,} of {profile.effective:,} usable tokens"
+            )
+
+    def _system(self) -> str:
+        return system_prompt(self.settings.system_prompt)
+
+    def _tool_schemas(self, settings: Settings | None = None) -> list[dict[str, Any]]:
+        return [t.schema() for t in self.tools.values()] if (settings or self.settings).tools else []
+
+    def _tool_schema_tokens(self, settings: Settings | None = None) -> int:
+        schemas = self._tool_schemas(settings)
+        return estimate_tokens(json.dumps(schemas)) if schemas else 0
+
+    # -- the log ---------------------------------------------------------------------------
+    @property
+    def events(self) -> list[Event]:
+        """A copy of every event of this session, in uid order."""
+        return list(self._events)
+
+    @property
+    def last_uid(self) -> int:
+        return self._events[-1].uid if self._events else 0
+
+    @property
+    def turn(self) -> int:
+        return self._events[-1].turn if self._events else 0
+
+    def record(self, role: str, content: str, *, origin: str = "", tool_calls: list[dict[str, Any]] | None = None,
+               tool_call_id: str = "", name: str = "", new_turn: bool = False) -> Event:
+        """Append one event to the log and persist it before returning. Never rewrites anything."""
+        with self._lock:
+            for attempt in range(3):
+                turn = self.turn + 1 if new_turn or not self._events else self.turn
+                event = Event(
+                    uid=self.last_uid + 1, session=self.name, turn=turn, role=role, content=clean_text(content),
+                    origin=origin or role, tool_calls=tuple(tool_calls or ()), tool_call_id=tool_call_id,
+                    name=name, turn_start=new_turn or not self._events, created_at=now_iso(),
+                )
+                try:
+                    self.store.append_events([event], self._writer)
+                except UidConflict:
+                    if attempt == 2:
+                        raise
+                    self._events = self.store.load_events(self.name)  # another kernel appended; take fresh uids
+                    continue
+                self._events.append(event)
+                return event
+            raise AssertionError("unreachable")
+
+    def recall(self, uid_from: int | str, uid_to: int | str | None = None) -> list[Event]:
+        """The original events with uids in [uid_from, uid_to], verbatim, from the log."""
+        a, b = parse_range(uid_from, uid_to)
+        last = self.last_uid
+        if not self._events:
+            raise InputError(f"session {self.name!r} has no events yet")
+        if a > last or b < 1:
+            raise InputError(f"no events in {a}-{b}; session {self.name!r} has uids 1-{last}")
+        a, b = max(a, 1), min(b, last)
+        if b - a + 1 > self.settings.recall_max_events:
+            raise InputError(
+                f"range {a}-{b} has {b - a + 1} events, more than {self.settings.recall_max_events} at once; "
+                f"ask for a smaller range (e.g. {a}-{a + self.settings.recall_max_events - 1})"
+            )
+        return [e for e in self._events if a <= e.uid <= b]
+
+    def _recall_tool(self, uid_from: Any, uid_to: Any = None) -> str:
+        events = self.recall(uid_from, uid_to)
+        return format_events(events)
+
+    # -- projection and pressure -----------------------------------------------------------
+    def _count(self, message: dict[str, Any], uid: int | None) -> int:
+        if uid is None:
+            return message_tokens(message)
+        cached = self._token_cache.get(uid)
+        if cached is None:
+            cached = self._token_cache[uid] = message_tokens(message)
+        return cached
+
+    def send_view(self) -> SendView:
+        """The exact payload the next model call would receive, and its layers."""
+        return project(self._events, self._system(), self._count)
+
+    def usage(self, view: SendView | None = None) -> Usage:
+        """Context pressure: the number the meter shows and the tiers act on."""
+        view = view or self.send_view()
+        profile = self.profile()
+        tokens, source = self._pressure(view)
+        cache = None
+        if self._last_provider_usage and self._last_provider_usage.get("cached_tokens"):
+            prompt = self._last_provider_usage["prompt_tokens"] or 1
+            cache = self._last_provider_usage["cached_tokens"] / prompt
+        return Usage(tokens, profile.window_tokens, profile.effective, profile.tier(tokens), source, self.name,
+                     cache, self._last_prefix_ratio)
+
+    def _pressure(self, view: SendView) -> tuple[int, str]:
+        full = view.tokens + self._tool_schema_tokens()
+        anchor = self._anchor
+        if anchor and anchor.get("fingerprint") == self._fingerprint(view, anchor.get("messages", 0)):
+            n = anchor["messages"]
+            added = sum(self._count(m, u) for m, u in zip(view.messages[n:], view.uids[n:]))
+            return int(anchor["prompt_tokens"]) + added, "anchor+estimate"
+        return full, "estimate"
+
+    def _fingerprint(self, view: SendView, n: int) -> str:
+        """Structure of the first n messages: count, last uid, hash of the static slots."""
+        if n <= 0 or n > len(view.messages):
+            return ""
+        from .events import content_hash
+
+        last_uid = next((u for u in reversed(view.uids[:n]) if u is not None), 0)
+        return f"{n}:{last_uid}:{content_hash(view.messages[0]['content'])[:16]}"
+
+    def _anchor_on(self, view: SendView, usage: dict[str, int] | None) -> None:
+        if not usage or usage.get("prompt_tokens", 0) <= 0:
+            return  # no usage: the anchor never moves
+        n = len(view.messages)
+        self._anchor = {"prompt_tokens": usage["prompt_tokens"], "messages": n,
+                        "fingerprint": self._fingerprint(view, n)}
+        self._last_provider_usage = usage
+        self._save_meta()
+
+    def prepare_call(self) -> CallPlan:
+        """What the memory layer does before a model call: project, measure, act on the tier."""
+        view = self.send_view()
+        usage = self.usage(view)
+        self._last_prefix_ratio = self._prefix_ratio(view)
+        self._last_payload = view.messages
+        return CallPlan(view, usage, [])
+
+    def _prefix_ratio(self, view: SendView) -> float | None:
+        if self._last_payload is None:
+            return None
+        shared = shared_prefix_tokens(self._last_payload, view.messages, lambda i: self._count(view.messages[i], view.uids[i]))
+        return shared / max(view.tokens, 1)
+
+    # -- a turn ----------------------------------------------------------------------------
+    def chat(self, text: str | bytes, *, on_delta: Callable[[str], None] | None = None,
+             on_reset: Callable[[], None] | None = None, stream: bool = True, origin: str = "user") -> Reply:
+        """Send one user message, run the tool loop, return the reply. Each event is saved at once."""
+        text = self._check_message(text)
+        with self._lock:
+            missing = missing_key(self.settings.model, self.settings.api_base) if self._injected_llm is None else None
+            if missing:
+                raise ConfigError(
+                    f"{self.settings.model} needs {missing} in the environment (keys are never saved); "
+                    "set it and re-run, or use `%mfs config model=mfs-offline/default`"
+                )
+            user = self.record("user", text, origin=origin, new_turn=True)
+            uids = [user.uid]
+            notices: list[str] = []
+            schemas = self._tool_schemas()
+            completion: Completion | None = None
+            for round_no in range(self.settings.max_tool_rounds + 1):
+                plan = self.prepare_call()
+                notices.extend(plan.notices)
+                last_round = round_no == self.settings.max_tool_rounds
+                try:
+                    completion = self.llm.complete(plan.view.messages, tools=None if last_round else (schemas or None),
+                                                   stream=stream, on_delta=on_delta, on_reset=on_reset)
+                except MfsError as exc:
+                    self._log("failure", tier=plan.usage.tier, error=redact(str(exc)), uid=user.uid)
+                    raise
+                self._anchor_on(plan.view, completion.usage)
+                assistant = self.record("assistant", completion.text, tool_calls=completion.tool_calls or None)
+                uids.append(assistant.uid)
+                if not completion.tool_calls:
+                    break
+                for call in completion.tool_calls:
+                    fn = call.get("function") or {}
+                    result = call_tool(self.tools, fn.get("name", ""), fn.get("arguments", ""))
+                    event = self.record("tool", result, tool_call_id=call["id"], name=fn.get("name", ""))
+                    uids.append(event.uid)
+            assert completion is not None
+            return Reply(completion.text, self.usage(), completion.usage, notices, uids, completion.endpoint)
+
+    def _check_message(self, text: str | bytes) -> str:
+        if isinstance(text, bytes):
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"the message is not UTF-8 text (bad byte at position {exc.start}); "
+                                 "paste text, not binary data") from None
+        if not isinstance(text, str):
+            raise InputError(f"a message must be text, not {type(text).__name__}")
+        if not text.strip():
+            raise InputError("the message is empty: write something under %%chat")
+        if "\x00" in text:
+            raise InputError("the message contains NUL bytes, which looks like binary data; paste text instead")
+        limit = int(self.profile().effective * MAX_MESSAGE_SHARE)
+        size = estimate_tokens(text)
+        if size > limit:
+            raise InputError(
+                f"the message is about {size:,} tokens ({len(text):,} chars), more than half of the "
+                f"{self.profile().effective:,}-token usable window; shorten or split it"
+            )
+        return text
+
+    # -- ledger and persistence ------------------------------------------------------------
+    def _log(self, kind: str, **data: Any) -> dict[str, Any]:
+        self._ledger_seq += 1
+        return self.store.append_ledger(self.name, self._ledger_seq, kind, data)
+
+    def ledger(self) -> list[dict[str, Any]]:
+        """One row per memory-layer action and failure, oldest first."""
+        return self.store.load_ledger(self.name)
+
+    def _save_meta(self) -> None:
+        self.store.save_meta(self.name, settings=self._saved, anchor=self._anchor)
+
+    def status(self) -> dict[str, Any]:
+        """What `%mfs status` shows."""
+        usage = self.usage()
+        llm = self.llm
+        return {
+            "session": self.name,
+            "store": self.store.uri,
+            "model": self.settings.model,
+            "events": len(self._events),
+            "last_uid": self.last_uid,
+            "turns": self.turn,
+            "usage": usage.to_json(),
+            "endpoint": llm.describe() if isinstance(llm, LLM) else type(llm).__name__,
+            "settings": self.settings.public(),
+        }
+
+
+def shared_prefix_tokens(before: list[dict[str, Any]], after: list[dict[str, Any]],
+                         count: Callable[[int], int]) -> int:
+    """Tokens of the longest common prefix of two payloads (whole messages, then characters)."""
+    shared = 0
+    for i, (a, b) in enumerate(zip(before, after)):
+        if a == b:
+            shared += count(i)
+            continue
+        if a.get("role") == b.get("role"):
+            x, y = a.get("content") or "", b.get("content") or ""
+            n = 0
+            limit = min(len(x), len(y))
+            while n < limit and x[n] == y[n]:
+                n += 1
+            shared += estimate_tokens(x[:n])
+        break
+    return shared
+

@@ -1,0 +1,138 @@
+"""Session settings: one typed place, validated at the boundary (STYLE §4).
+
+A value is parsed and checked *before* it replaces the old one; a bad value raises
+`ConfigError` with one line and leaves everything as it was. Secrets are never settings:
+API keys are read from the environment by the LLM boundary and never saved.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from .errors import ConfigError
+
+OFFLINE_MODEL = "mfs-offline/default"
+
+_URL = re.compile(r"^https?://[^\s]+$")
+_SECRETISH = re.compile(r"(api[_-]?key|secret|token|password)", re.I)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What a session can be configured with. Every field has a sensible default."""
+
+    model: str = OFFLINE_MODEL
+    api_base: str = ""
+    window_tokens: int = 0  # 0: ask litellm for the model's window, else 128k
+    fallback_model: str = ""
+    fallback_base_url: str = ""
+    tools: bool = True
+    max_tool_rounds: int = 6
+    timeout_s: float = 120.0
+    recall_max_events: int = 200
+    system_prompt: str = ""
+
+    def public(self) -> dict[str, Any]:
+        """The settings as saved in the store and shown to the user (nothing secret in here)."""
+        return asdict(self)
+
+    def with_values(self, **values: Any) -> Settings:
+        """A copy with `values` parsed and validated; raises ConfigError and changes nothing on error."""
+        known = {f.name: f for f in fields(self)}
+        parsed: dict[str, Any] = {}
+        for key, raw in values.items():
+            if key not in known:
+                if _SECRETISH.search(key):
+                    raise ConfigError(
+                        f"{key} is not a setting: keys are read from the environment only "
+                        "(e.g. OPENAI_API_KEY, MFS_FALLBACK_API_KEY) and never saved"
+                    )
+                raise ConfigError(f"unknown setting {key!r}; known: {', '.join(sorted(known))}")
+            parsed[key] = _parse(key, raw)
+        new = replace(self, **parsed)
+        new.check()
+        return new
+
+    def check(self) -> None:
+        if not self.model.strip():
+            raise ConfigError("model must not be empty; use mfs-offline/default for the offline default")
+        if self.window_tokens and not 1024 <= self.window_tokens <= 100_000_000:
+            raise ConfigError(f"window_tokens={self.window_tokens} is out of range (1024 … 100000000, or 0 for auto)")
+        for key in ("api_base", "fallback_base_url"):
+            value = getattr(self, key)
+            if value and not _URL.match(value):
+                raise ConfigError(f"{key}={value!r} is not an http(s) URL")
+        if bool(self.fallback_model) != bool(self.fallback_base_url):
+            raise ConfigError(
+                "a fallback endpoint needs both fallback_model and fallback_base_url "
+                "(and MFS_FALLBACK_API_KEY in the environment), or neither"
+            )
+        if not 1 <= self.max_tool_rounds <= 50:
+            raise ConfigError(f"max_tool_rounds={self.max_tool_rounds} is out of range (1 … 50)")
+        if not 1 <= self.timeout_s <= 3600:
+            raise ConfigError(f"timeout_s={self.timeout_s} is out of range (1 … 3600 seconds)")
+        if not 1 <= self.recall_max_events <= 10_000:
+            raise ConfigError(f"recall_max_events={self.recall_max_events} is out of range (1 … 10000)")
+
+
+def _parse(key: str, raw: Any) -> Any:
+    kind = {f.name: f.type for f in fields(Settings)}[key]
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        text = str(raw).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{key}={raw!r} is not a boolean (true/false)")
+    if kind == "int":
+        try:
+            return _int(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}={raw!r} is not a whole number") from None
+    if kind == "float":
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}={raw!r} is not a number") from None
+        if value != value:
+            raise ConfigError(f"{key} must not be NaN")
+        return value
+    if raw is None:
+        return ""
+    if not isinstance(raw, str):
+        raise ConfigError(f"{key}={raw!r} must be text")
+    return raw.strip()
+
+
+def _int(raw: Any) -> int:
+    if isinstance(raw, bool):
+        raise ValueError(raw)
+    if isinstance(raw, int):
+        return raw
+    text = str(raw).strip().lower().replace("_", "").replace(",", "")
+    scale = 1
+    if text.endswith("k"):
+        text, scale = text[:-1], 1000
+    elif text.endswith("m"):
+        text, scale = text[:-1], 1_000_000
+    value = float(text) * scale
+    if value != int(value):
+        raise ValueError(raw)
+    return int(value)
+
+
+def from_environment() -> dict[str, Any]:
+    """Settings given by environment variables (MFS_MODEL, MFS_WINDOW, MFS_FALLBACK_*)."""
+    env = {
+        "model": os.environ.get("MFS_MODEL"),
+        "api_base": os.environ.get("MFS_API_BASE"),
+        "window_tokens": os.environ.get("MFS_WINDOW"),
+        "fallback_model": os.environ.get("MFS_FALLBACK_MODEL"),
+        "fallback_base_url": os.environ.get("MFS_FALLBACK_BASE_URL"),
+    }
+    return {k: v for k, v in env.items() if v}

@@ -1,0 +1,243 @@
+"""The LanceDB boundary (DESIGN §8): the only module that imports lancedb.
+
+Tables:
+- ``events``   the append-only log; one row per (session, uid); never updated or deleted.
+- ``sessions`` one row per session: saved settings (never secrets) and the usage anchor.
+- ``ledger``   one row per memory-layer action (clearing, compaction, rejection, failure).
+
+Every write is a ``merge_insert`` on a stable key, so a retried write never duplicates. Two
+kernels on one store cannot overwrite each other's events: an insert only happens when the key
+is new, and the writer checks that the stored row is its own (else it gets `UidConflict`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from .errors import StoreError
+from .events import Event
+
+DEFAULT_STORE = ".mfs"
+
+EVENTS_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("session", pa.string()),
+        ("uid", pa.int64()),
+        ("turn", pa.int64()),
+        ("turn_start", pa.bool_()),
+        ("role", pa.string()),
+        ("origin", pa.string()),
+        ("content", pa.large_string()),
+        ("tool_calls", pa.large_string()),
+        ("tool_call_id", pa.string()),
+        ("name", pa.string()),
+        ("sha256", pa.string()),
+        ("created_at", pa.string()),
+        ("writer", pa.string()),
+    ]
+)
+SESSIONS_SCHEMA = pa.schema(
+    [
+        ("session", pa.string()),
+        ("settings", pa.string()),
+        ("anchor", pa.string()),
+        ("created_at", pa.string()),
+        ("updated_at", pa.string()),
+    ]
+)
+LEDGER_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("session", pa.string()),
+        ("seq", pa.int64()),
+        ("time", pa.string()),
+        ("kind", pa.string()),
+        ("data", pa.string()),
+    ]
+)
+
+# A small table accumulates one fragment per write; compacting now and then keeps reads fast.
+_OPTIMIZE_EVERY = 200
+
+
+class UidConflict(StoreError):
+    """Another writer already holds some of these uids; reload and append again."""
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+
+
+def _quote(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def resolve_uri(store: str | os.PathLike[str] | None) -> str:
+    """The store location: the argument, else ``MFS_STORE``, else ``./.mfs``. URIs pass through."""
+    uri = str(store) if store else os.environ.get("MFS_STORE") or DEFAULT_STORE
+    if "://" in uri:
+        return uri
+    return str(Path(uri).expanduser().resolve())
+
+
+class Store:
+    """One LanceDB database holding any number of sessions."""
+
+    def __init__(self, uri: str | os.PathLike[str] | None = None):
+        self.uri = resolve_uri(uri)
+        try:
+            import lancedb
+
+            self._db = lancedb.connect(self.uri)
+            self._events = self._table("events", EVENTS_SCHEMA)
+            self._sessions = self._table("sessions", SESSIONS_SCHEMA)
+            self._ledger = self._table("ledger", LEDGER_SCHEMA)
+        except StoreError:
+            raise
+        except Exception as exc:  # lancedb raises many types; the user needs one line
+            raise StoreError(f"cannot open the store at {self.uri}: {exc}") from exc
+        self._lock = threading.Lock()
+        self._writes = 0
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.uri
+
+    def _table(self, name: str, schema: pa.Schema) -> Any:
+        try:
+            return self._db.open_table(name)
+        except (FileNotFoundError, ValueError):
+            try:
+                return self._db.create_table(name, schema=schema)
+            except (OSError, ValueError):  # another kernel created it between our two calls
+                return self._db.open_table(name)
+
+    # -- events: append only -------------------------------------------------------------
+    def append_events(self, events: Iterable[Event], writer: str) -> None:
+        """Insert events whose keys are new. Retrying the same write is a no-op.
+
+        Raises `UidConflict` when a key already holds a row from another writer or with
+        other content: the caller must reload and take fresh uids. Nothing is overwritten.
+        """
+        rows = [e.to_row(writer) for e in events]
+        if not rows:
+            return
+        with self._lock:
+            try:
+                result = (
+                    self._events.merge_insert("key")
+                    .when_not_matched_insert_all()
+                    .execute(pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA))
+                )
+            except Exception as exc:
+                raise StoreError(f"cannot write to the store at {self.uri}: {exc}") from exc
+            if result.num_inserted_rows != len(rows):
+                self._check_own(rows)
+            self._after_write()
+
+    def _check_own(self, rows: list[dict[str, Any]]) -> None:
+        keys = ", ".join(_quote(r["key"]) for r in rows)
+        stored = {r["key"]: r for r in self._events.search().where(f"key IN ({keys})").limit(None).to_list()}
+        for row in rows:
+            have = stored.get(row["key"])
+            if have is None or have["writer"] != row["writer"] or have["sha256"] != row["sha256"]:
+                raise UidConflict(
+                    f"uid {row['uid']} of session {row['session']!r} was written by another kernel"
+                )
+
+    def _after_write(self) -> None:
+        self._writes += 1
+        if self._writes % _OPTIMIZE_EVERY == 0 and self.is_local:
+            try:
+                self._events.optimize()
+            except Exception:  # compaction is an optimisation; a failure loses nothing
+                pass
+
+    def load_events(self, session: str, uid_from: int | None = None, uid_to: int | None = None) -> list[Event]:
+        """Events of a session in uid order, optionally within [uid_from, uid_to]."""
+        where = f"session = {_quote(session)}"
+        if uid_from is not None:
+            where += f" AND uid >= {int(uid_from)}"
+        if uid_to is not None:
+            where += f" AND uid <= {int(uid_to)}"
+        rows = self._events.search().where(where).limit(None).to_list() if self._events.count_rows() else []
+        return sorted((Event.from_row(r) for r in rows), key=lambda e: e.uid)
+
+    def event_count(self, session: str) -> int:
+        return int(self._events.count_rows(f"session = {_quote(session)}"))
+
+    def sessions(self) -> list[str]:
+        """Every session name that has events or saved settings."""
+        names = set()
+        if self._events.count_rows():
+            names.update(self._events.to_arrow().column("session").unique().to_pylist())
+        if self._sessions.count_rows():
+            names.update(self._sessions.to_arrow().column("session").to_pylist())
+        return sorted(names)
+
+    # -- sessions: settings and anchor (state, not log) -----------------------------------
+    def load_meta(self, session: str) -> dict[str, Any]:
+        if not self._sessions.count_rows():
+            return {}
+        rows = self._sessions.search().where(f"session = {_quote(session)}").limit(None).to_list()
+        if not rows:
+            return {}
+        row = rows[0]
+        return {
+            "settings": json.loads(row["settings"] or "{}"),
+            "anchor": json.loads(row["anchor"] or "null"),
+            "created_at": row["created_at"],
+        }
+
+    def save_meta(self, session: str, *, settings: dict[str, Any], anchor: Any) -> None:
+        """Write the session's settings and anchor (secrets must already be removed)."""
+        old = self.load_meta(session)
+        row = {
+            "session": session,
+            "settings": json.dumps(settings, sort_keys=True),
+            "anchor": json.dumps(anchor, sort_keys=True),
+            "created_at": old.get("created_at") or now_iso(),
+            "updated_at": now_iso(),
+        }
+        with self._lock:
+            (
+                self._sessions.merge_insert("session")
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute(pa.Table.from_pylist([row], schema=SESSIONS_SCHEMA))
+            )
+
+    # -- ledger ---------------------------------------------------------------------------
+    def append_ledger(self, session: str, seq: int, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+        row = {
+            "key": f"{session}\x1f{seq:012d}",
+            "session": session,
+            "seq": seq,
+            "time": now_iso(),
+            "kind": kind,
+            "data": json.dumps(data, sort_keys=True, ensure_ascii=False),
+        }
+        with self._lock:
+            (
+                self._ledger.merge_insert("key")
+                .when_not_matched_insert_all()
+                .execute(pa.Table.from_pylist([row], schema=LEDGER_SCHEMA))
+            )
+        return {"seq": seq, "time": row["time"], "kind": kind, **data}
+
+    def load_ledger(self, session: str) -> list[dict[str, Any]]:
+        if not self._ledger.count_rows():
+            return []
+        rows = self._ledger.search().where(f"session = {_quote(session)}").limit(None).to_list()
+        rows.sort(key=lambda r: r["seq"])
+        return [{"seq": r["seq"], "time": r["time"], "kind": r["kind"], **json.loads(r["data"])} for r in rows]
+

@@ -1,0 +1,119 @@
+"""Tools the model can call (DESIGN §5). Each tool is a JSON schema plus a function of plain args.
+
+Tool results are always bounded text: a bad argument, an unknown tool or a tool that raises
+gives a one-line error result and the turn goes on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import InputError
+from .events import Event
+
+MAX_RESULT_CHARS = 60_000
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    run: Callable[..., str]
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI tool schema."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+
+RECALL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "uid_from": {"type": "integer", "description": "first uid of the range (inclusive)"},
+        "uid_to": {"type": "integer", "description": "last uid of the range (inclusive); defaults to uid_from"},
+    },
+    "required": ["uid_from"],
+}
+RECALL_DESCRIPTION = (
+    "Return the original messages of this conversation with uids uid_from..uid_to, word for word, "
+    "with their roles. Works for any uid ever written, compressed or not."
+)
+
+
+def format_events(events: Sequence[Event], max_chars: int = MAX_RESULT_CHARS) -> str:
+    """Events as readable text for the model: a header line per event, then its exact content."""
+    parts: list[str] = []
+    used = 0
+    for i, event in enumerate(events):
+        head = f"[#{event.uid} {event.role}"
+        if event.origin and event.origin != event.role:
+            head += f" · {event.origin}"
+        if event.name:
+            head += f" · {event.name}"
+        head += f" · turn {event.turn}]"
+        body = event.content
+        if event.tool_calls:
+            calls = "; ".join(
+                f"{c.get('function', {}).get('name', '?')}({c.get('function', {}).get('arguments', '')})"
+                for c in event.tool_calls
+            )
+            body = (body + "\n" if body else "") + f"[tool calls: {calls}]"
+        block = f"{head}\n{body}"
+        if used + len(block) > max_chars and parts:
+            rest = events[i].uid
+            parts.append(f"[… output limit reached; call recall_history({rest}, {events[-1].uid}) for the rest]")
+            break
+        if len(block) > max_chars:
+            block = block[:max_chars] + f"\n[… #{event.uid} is {len(event.content):,} chars; shown in part]"
+        parts.append(block)
+        used += len(block)
+    return "\n\n".join(parts)
+
+
+def parse_range(uid_from: Any, uid_to: Any = None) -> tuple[int, int]:
+    """Two whole numbers from user or model input; raises InputError with one clear line."""
+    def whole(value: Any, what: str) -> int:
+        if isinstance(value, bool):
+            raise InputError(f"{what} must be a whole number, not {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str) and value.strip().lstrip("#").isdigit():
+            return int(value.strip().lstrip("#"))
+        raise InputError(f"{what} must be a whole number, not {value!r}")
+
+    a = whole(uid_from, "uid_from")
+    b = a if uid_to is None or uid_to == "" else whole(uid_to, "uid_to")
+    if b < a:
+        raise InputError(f"uid range {a}-{b} is reversed; did you mean {b}-{a}?")
+    return a, b
+
+
+def call_tool(tools: dict[str, Tool], name: str, arguments: str) -> str:
+    """Run one tool call; any failure becomes a short error result, never an exception."""
+    tool = tools.get(name)
+    if tool is None:
+        return f"error: unknown tool {name!r}; available: {', '.join(sorted(tools)) or 'none'}"
+    try:
+        args = json.loads(arguments) if arguments and arguments.strip() else {}
+    except json.JSONDecodeError as exc:
+        return f"error: arguments for {name} are not valid JSON ({exc.msg} at position {exc.pos})"
+    if not isinstance(args, dict):
+        return f"error: arguments for {name} must be a JSON object"
+    try:
+        result = tool.run(**args)
+    except InputError as exc:
+        return f"error: {exc}"
+    except TypeError as exc:
+        return f"error: bad arguments for {name}: {exc}"
+    except Exception as exc:  # a tool must never end the turn
+        return f"error: {name} failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    text = result if isinstance(result, str) else str(result)
+    if len(text) > MAX_RESULT_CHARS:
+        text = text[:MAX_RESULT_CHARS] + f"\n[… result cut at {MAX_RESULT_CHARS:,} of {len(text):,} chars]"
+    return text

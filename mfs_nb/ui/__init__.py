@@ -1,0 +1,1 @@
+"""What the user sees: pure view-data builders (`data`), text/HTML fallbacks and anywidget classes."""

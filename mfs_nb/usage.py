@@ -1,0 +1,92 @@
+"""The one number (DESIGN §2.8, §3 Profile and tiers): what the meter shows is what fires the tiers."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import ConfigError
+
+TIERS = ("ok", "warn", "compress", "hard")
+
+
+@dataclass(frozen=True)
+class ContextProfile:
+    """Window and thresholds. Every threshold is a ratio of the window (DESIGN §2.4).
+
+    The effective window is `window − summary_reserve − safety_buffer`; reserve and buffer are
+    ratios too (0.1 and 0.065: 20k and 13k of a 200k window, as seed 002 §2.1 measured).
+    """
+
+    window_tokens: int
+    summary_reserve: float = 0.10
+    safety_buffer: float = 0.065
+    warn: float = 0.85
+    compress: float = 0.90
+    hard: float = 0.95
+
+    def __post_init__(self) -> None:
+        if self.window_tokens < 1024:
+            raise ConfigError(f"window of {self.window_tokens} tokens is too small (at least 1024)")
+        if not 0 <= self.summary_reserve + self.safety_buffer < 0.5:
+            raise ConfigError("summary_reserve + safety_buffer must stay below half the window")
+        if not 0 < self.warn <= self.compress <= self.hard <= 1:
+            raise ConfigError("tiers must satisfy 0 < warn ≤ compress ≤ hard ≤ 1")
+
+    @property
+    def effective(self) -> int:
+        return int(self.window_tokens * (1 - self.summary_reserve - self.safety_buffer))
+
+    def tier(self, tokens: int) -> str:
+        eff = self.effective
+        if tokens >= self.hard * eff:
+            return "hard"
+        if tokens >= self.compress * eff:
+            return "compress"
+        if tokens >= self.warn * eff:
+            return "warn"
+        return "ok"
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Context pressure as the user sees it and as the pipeline acts on it."""
+
+    tokens: int
+    window: int
+    effective: int
+    tier: str
+    source: str  # "anchor+estimate" or "estimate"
+    session: str
+    cache_ratio: float | None = None  # provider-reported cached share of the last call
+    prefix_ratio: float | None = None  # share of the last payload identical to the one before
+
+    @property
+    def ratio(self) -> float:
+        return self.tokens / self.window if self.window else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "ratio": self.ratio}
+
+    def status_line(self) -> str:
+        """`ctx 23% · 29.4k / 128k · cache 99.1% · session nb-main`"""
+        parts = [f"ctx {self.ratio:.0%}", f"{human(self.tokens)} / {human(self.window)}"]
+        if self.cache_ratio is not None:
+            parts.append(f"cache {self.cache_ratio:.1%}")
+        elif self.prefix_ratio is not None:
+            parts.append(f"prefix {self.prefix_ratio:.1%}")
+        if self.tier != "ok":
+            parts.append(f"tier {self.tier}")
+        parts.append(f"session {self.session}")
+        return " · ".join(parts)
+
+
+def human(n: int) -> str:
+    """29,400 → '29.4k'; 128,000 → '128k'; 950 → '950'."""
+    if n < 1000:
+        return str(n)
+    if n < 1_000_000:
+        value = n / 1000
+        return f"{value:.0f}k" if value >= 100 or value == int(value) else f"{value:.1f}k"
+    value = n / 1_000_000
+    return f"{value:.0f}M" if value == int(value) else f"{value:.2f}M"
