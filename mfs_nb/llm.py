@@ -320,6 +320,9 @@ def _classify(exc: Exception, endpoint: Endpoint) -> Exception:
     name = type(exc).__name__
     status = getattr(exc, "status_code", None)
     reason = _one_line(exc, endpoint)
+    if re.search(r"api[_ ]key.{0,80}(must be set|missing|not set|not provided)|(missing|no) api[_ ]key", reason, re.I):
+        return LLMError(f"{endpoint.model}: no API key for this endpoint; set the provider's key in the environment "
+                        "(e.g. OPENAI_API_KEY, MFS_API_KEY for a custom api_base) and re-run the cell")
     if "ContextWindowExceeded" in name or re.search(r"context length|prompt is too long|too many tokens", reason, re.I):
         return PromptTooLong(f"{endpoint.model}: prompt too long: {reason}", parse_token_gap(str(exc)))
     if "Connection" in name or "Timeout" in name or "ServiceUnavailable" in name or "InternalServer" in name \

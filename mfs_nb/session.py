@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +33,8 @@ DEFAULT_WINDOW = 128_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 # A single message may take at most this share of the effective window; more cannot be sent.
 MAX_MESSAGE_SHARE = 0.5
+# Another kernel appending to the same session makes our uid stale; we reload and retry.
+_WRITE_ATTEMPTS = 20
 
 
 class ChatModel(Protocol):
@@ -185,7 +189,7 @@ class Session:
                tool_call_id: str = "", name: str = "", new_turn: bool = False) -> Event:
         """Append one event to the log and persist it before returning. Never rewrites anything."""
         with self._lock:
-            for attempt in range(3):
+            for attempt in range(_WRITE_ATTEMPTS):
                 turn = self.turn + 1 if new_turn or not self._events else self.turn
                 event = Event(
                     uid=self.last_uid + 1, session=self.name, turn=turn, role=role, content=clean_text(content),
@@ -195,8 +199,9 @@ class Session:
                 try:
                     self.store.append_events([event], self._writer)
                 except UidConflict:
-                    if attempt == 2:
+                    if attempt == _WRITE_ATTEMPTS - 1:
                         raise
+                    time.sleep(random.uniform(0, 0.02 * (attempt + 1)))
                     self._events = self.store.load_events(self.name)  # another kernel appended; take fresh uids
                     continue
                 self._events.append(event)

@@ -16,11 +16,18 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+
+try:
+    import fcntl
+except ImportError:  # Windows: no cross-process lock; the after-write check still holds
+    fcntl = None  # type: ignore[assignment]
 
 from .errors import StoreError
 from .events import Event
@@ -73,6 +80,15 @@ class UidConflict(StoreError):
     """Another writer already holds some of these uids; reload and append again."""
 
 
+def _winner(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row that holds a key: the earliest write (ties by writer id), the same for every reader.
+
+    Only a true race between two kernels leaves two rows under one key; the loser notices at
+    once (`_check_own`) and appends its event again under a fresh uid, so nothing is lost.
+    """
+    return min(rows, key=lambda r: (r["created_at"], r["writer"])) if rows else None
+
+
 def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
 
@@ -97,7 +113,8 @@ class Store:
         try:
             import lancedb
 
-            self._db = lancedb.connect(self.uri)
+            # Every read sees the latest version, so another kernel's writes are never missed.
+            self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
             self._events = self._table("events", EVENTS_SCHEMA)
             self._sessions = self._table("sessions", SESSIONS_SCHEMA)
             self._ledger = self._table("ledger", LEDGER_SCHEMA)
@@ -131,7 +148,7 @@ class Store:
         rows = [e.to_row(writer) for e in events]
         if not rows:
             return
-        with self._lock:
+        with self._lock, self._exclusive():
             try:
                 result = (
                     self._events.merge_insert("key")
@@ -140,15 +157,34 @@ class Store:
                 )
             except Exception as exc:
                 raise StoreError(f"cannot write to the store at {self.uri}: {exc}") from exc
-            if result.num_inserted_rows != len(rows):
-                self._check_own(rows)
             self._after_write()
+            if result.num_inserted_rows != len(rows) or not self.is_local:
+                self._check_own(rows)
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Across processes on one machine, one event write at a time (a lock file beside the tables).
+
+        Object-storage stores have no such lock; there `_check_own` settles a race after the fact.
+        """
+        if not self.is_local or fcntl is None:
+            yield
+            return
+        with open(Path(self.uri) / ".events.lock", "a+b") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
     def _check_own(self, rows: list[dict[str, Any]]) -> None:
+        """Each key must now resolve to our row; two truly simultaneous inserts resolve to one winner."""
         keys = ", ".join(_quote(r["key"]) for r in rows)
-        stored = {r["key"]: r for r in self._events.search().where(f"key IN ({keys})").limit(None).to_list()}
+        stored: dict[str, list[dict[str, Any]]] = {}
+        for r in self._events.search().where(f"key IN ({keys})").limit(None).to_list():
+            stored.setdefault(r["key"], []).append(r)
         for row in rows:
-            have = stored.get(row["key"])
+            have = _winner(stored.get(row["key"], []))
             if have is None or have["writer"] != row["writer"] or have["sha256"] != row["sha256"]:
                 raise UidConflict(
                     f"uid {row['uid']} of session {row['session']!r} was written by another kernel"
@@ -170,7 +206,11 @@ class Store:
         if uid_to is not None:
             where += f" AND uid <= {int(uid_to)}"
         rows = self._events.search().where(where).limit(None).to_list() if self._events.count_rows() else []
-        return sorted((Event.from_row(r) for r in rows), key=lambda e: e.uid)
+        by_key: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            by_key.setdefault(r["key"], []).append(r)
+        winners = (_winner(group) for group in by_key.values())
+        return sorted((Event.from_row(r) for r in winners if r is not None), key=lambda e: e.uid)
 
     def event_count(self, session: str) -> int:
         return int(self._events.count_rows(f"session = {_quote(session)}"))

@@ -1,0 +1,59 @@
+"""Shared fixtures: an isolated store per test, a scripted fake model that records what it got."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from mfs_nb.errors import MfsError
+from mfs_nb.llm import Completion
+
+
+@pytest.fixture(autouse=True)
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    for var in ("MFS_MODEL", "MFS_WINDOW", "MFS_API_BASE", "MFS_API_KEY", "MFS_FALLBACK_MODEL",
+                "MFS_FALLBACK_BASE_URL", "MFS_FALLBACK_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("MFS_STORE", str(tmp_path / "default-store"))
+
+
+@pytest.fixture
+def store_dir(tmp_path) -> str:
+    return str(tmp_path / "store")
+
+
+@dataclass
+class FakeLLM:
+    """Answers from a script; each item is text, a Completion, an exception, or a callable(messages)."""
+
+    script: list[Any] = field(default_factory=list)
+    received: list[list[dict[str, Any]]] = field(default_factory=list)
+    tools_seen: list[Any] = field(default_factory=list)
+    default: str = "ok"
+    prompt_tokens: int | None = None
+
+    def complete(self, messages, *, tools=None, stream=True, on_delta=None, on_reset=None) -> Completion:
+        self.received.append(json.loads(json.dumps(messages)))
+        self.tools_seen.append(tools)
+        item = self.script.pop(0) if self.script else self.default
+        if callable(item) and not isinstance(item, Completion):
+            item = item(messages)
+        if isinstance(item, (Exception, MfsError)):
+            raise item
+        if isinstance(item, Completion):
+            return item
+        if on_delta:
+            for word in str(item).split(" "):
+                on_delta(word + " ")
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": 3, "cached_tokens": 0} \
+            if self.prompt_tokens else None
+        return Completion(str(item), [], usage, "primary", "fake")
+
+
+def tool_call(name: str, arguments: dict[str, Any] | str, call_id: str = "call_1") -> Completion:
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return Completion("", [{"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}],
+                      None, "primary", "fake")

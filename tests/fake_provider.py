@@ -1,0 +1,89 @@
+"""A fake OpenAI-compatible server on 127.0.0.1 that records which model and path were hit."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class FakeProvider:
+    """`mode`: ok | 500 | 429 | 400 | 401 | slow | drop (close the stream mid-way)."""
+
+    def __init__(self, mode: str = "ok", reply: str = "hello from fake", name: str = "fake"):
+        self.mode = mode
+        self.reply = reply
+        self.name = name
+        self.hits: list[dict[str, Any]] = []
+        provider = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                provider.hits.append({"path": self.path, "model": body.get("model"), "stream": body.get("stream", False),
+                                      "auth": self.headers.get("Authorization", ""), "body": body})
+                provider.handle(self, body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _json(self, h: BaseHTTPRequestHandler, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        h.send_response(status)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
+
+    def handle(self, h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        mode = self.mode
+        if mode in ("500", "429", "400", "401"):
+            self._json(h, int(mode), {"error": {"message": f"{self.name} says {mode}", "type": "server_error",
+                                                "code": mode}})
+            return
+        if mode == "slow":
+            time.sleep(3)
+        usage = {"prompt_tokens": 42, "completion_tokens": 4, "total_tokens": 46,
+                 "prompt_tokens_details": {"cached_tokens": 40}}
+        if not body.get("stream"):
+            self._json(h, 200, {"id": "x", "object": "chat.completion", "created": 1, "model": body.get("model"),
+                                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.reply},
+                                             "finish_reason": "stop"}], "usage": usage})
+            return
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.end_headers()
+        words = self.reply.split(" ")
+        for i, word in enumerate(words):
+            chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": body.get("model"),
+                     "choices": [{"index": 0, "delta": {"content": word + (" " if i < len(words) - 1 else "")},
+                                  "finish_reason": None}]}
+            h.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            h.wfile.flush()
+            if mode == "drop" and i == 0:
+                h.wfile.write(b"data: {broken")
+                h.wfile.flush()
+                h.close_connection = True
+                return
+        end = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": body.get("model"),
+               "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+        h.wfile.write(f"data: {json.dumps(end)}\n\n".encode())
+        tail = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": body.get("model"),
+                "choices": [], "usage": usage}
+        h.wfile.write(f"data: {json.dumps(tail)}\n\n".encode())
+        h.wfile.write(b"data: [DONE]\n\n")
+        h.wfile.flush()

@@ -1,0 +1,190 @@
+"""Session: append-only log, resume, recall, send view, tool loop, bad input."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import FakeLLM, tool_call
+
+from mfs_nb import ConfigError, InputError, LLMError, Session
+from mfs_nb.view import MISSING_RESULT
+
+
+def test_fifty_turns_then_resume_is_byte_identical(store_dir):
+    s = Session("long", store=store_dir, llm=FakeLLM(default="reply ✓ 数字 120"))
+    sent = [f"turn {i}: pool_size={i % 30}, path /srv/app/{i}.yaml, 费用 {i}元" for i in range(50)]
+    for text in sent:
+        s.chat(text)
+    before = s.recall(1, s.last_uid)
+    assert len(before) == 100 and [e.uid for e in before] == list(range(1, 101))
+
+    again = Session("long", store=store_dir, llm=FakeLLM())
+    after = again.recall(1, again.last_uid)
+    assert [(e.uid, e.turn, e.role, e.content, e.sha256, e.created_at) for e in after] == \
+           [(e.uid, e.turn, e.role, e.content, e.sha256, e.created_at) for e in before]
+    assert [e.content for e in after if e.role == "user"] == sent
+    reply = again.chat("one more")
+    assert reply.uids == [101, 102]
+    assert again.turn == 51
+    assert [e.uid for e in Session("long", store=store_dir).events] == list(range(1, 103))
+
+
+def test_send_view_is_system_then_every_event(store_dir):
+    fake = FakeLLM(script=["first answer", "second answer"])
+    s = Session("v", store=store_dir, llm=fake)
+    s.chat("hello")
+    s.chat("again")
+    view = s.send_view()
+    assert view.messages[0]["role"] == "system"
+    assert [m["content"] for m in view.messages[1:]] == ["hello", "first answer", "again", "second answer"]
+    assert [(la.kind, la.uid_from, la.uid_to) for la in view.layers] == [("system", None, None), ("raw", 1, 4)]
+    assert view.tokens == sum(la.tokens for la in view.layers) > 0
+    # what the model received on the second call is exactly the view at that moment
+    assert fake.received[1] == view.messages[:-1]
+
+
+def test_usage_is_one_object_for_meter_and_tier(store_dir):
+    s = Session("u", store=store_dir, window_tokens=2048, llm=FakeLLM())
+    u = s.usage()
+    assert u.window == 2048 and u.effective < 2048 and u.tier == "ok" and u.source == "estimate"
+    assert u.status_line().startswith("ctx ") and "session u" in u.status_line()
+
+
+def test_anchor_from_provider_usage_and_restart(store_dir):
+    fake = FakeLLM(prompt_tokens=500)
+    s = Session("a", store=store_dir, llm=fake)
+    s.chat("hi there")
+    u = s.usage()
+    assert u.source == "anchor+estimate" and u.tokens > 500
+    resumed = Session("a", store=store_dir, llm=FakeLLM())
+    assert resumed.usage().tokens == u.tokens and resumed.usage().source == "anchor+estimate"
+
+
+def test_tool_loop_runs_recall_and_pairs_results(store_dir):
+    fake = FakeLLM(script=["noted", tool_call("recall_history", {"uid_from": 1, "uid_to": 1}), "it said 120"])
+    s = Session("t", store=store_dir, llm=fake)
+    s.chat("Our DB allows 120 connections")
+    reply = s.chat("what did I say first?")
+    assert reply.text == "it said 120"
+    roles = [e.role for e in s.events]
+    assert roles == ["user", "assistant", "user", "assistant", "tool", "assistant"]
+    tool_event = s.events[4]
+    assert "Our DB allows 120 connections" in tool_event.content and tool_event.tool_call_id == "call_1"
+    last_payload = fake.received[-1]
+    assert last_payload[-2]["tool_calls"][0]["id"] == "call_1"
+    assert last_payload[-1]["role"] == "tool" and last_payload[-1]["tool_call_id"] == "call_1"
+    assert fake.tools_seen[0][0]["function"]["name"] == "recall_history"
+
+
+@pytest.mark.parametrize("args, needle", [
+    ({"uid_from": 5, "uid_to": 2}, "reversed"),
+    ({"uid_from": 900}, "no events in 900-900"),
+    ({"uid_from": "abc"}, "whole number"),
+    ({"uid_from": 1, "uid_to": 100000}, "more than"),
+    ({"wrong": 1}, "bad arguments"),
+])
+def test_recall_tool_bad_ranges_get_bounded_answers(store_dir, args, needle):
+    fake = FakeLLM(script=["a", tool_call("recall_history", args), "done"])
+    s = Session("r", store=store_dir, llm=fake, recall_max_events=3)
+    s.chat("x")
+    s.chat("y")
+    result = [e for e in s.events if e.role == "tool"][0].content
+    assert result.startswith("error:") and needle in result and len(result) < 300
+
+
+def test_recall_api_errors_are_input_errors(store_dir):
+    s = Session("r2", store=store_dir, llm=FakeLLM())
+    with pytest.raises(InputError, match="no events yet"):
+        s.recall(1, 2)
+    s.chat("x")
+    assert [e.uid for e in s.recall("1", "2")] == [1, 2]
+    assert [e.uid for e in s.recall(0, 99)] == [1, 2]  # clipped to what exists
+    with pytest.raises(InputError, match="reversed"):
+        s.recall(2, 1)
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ("", "empty"),
+    ("   \n\t", "empty"),
+    ("x" * 5_000_000, "tokens"),
+    (b"\xff\xfe\x00bad", "not UTF-8"),
+    ("bin\x00ary", "NUL"),
+    (12, "must be text"),
+])
+def test_bad_input_is_one_line_and_loses_nothing(store_dir, bad, needle):
+    s = Session("b", store=store_dir, llm=FakeLLM())
+    s.chat("before")
+    with pytest.raises(InputError, match=needle) as info:
+        s.chat(bad)
+    assert "\n" not in str(info.value)
+    assert len(s.events) == 2
+    s.chat("after")
+    assert [e.content for e in s.events if e.role == "user"] == ["before", "after"]
+
+
+def test_lone_surrogates_are_stored_readably(store_dir):
+    s = Session("sur", store=store_dir, llm=FakeLLM())
+    s.chat("bad \ud800 char")
+    text = Session("sur", store=store_dir).events[0].content
+    assert text.startswith("bad ") and text.endswith(" char") and "\ud800" not in text
+
+
+def test_llm_failure_keeps_the_message_and_session_usable(store_dir):
+    fake = FakeLLM(script=[LLMError("primary endpoint failed: HTTP 503")])
+    s = Session("f", store=store_dir, llm=fake)
+    with pytest.raises(LLMError):
+        s.chat("please answer")
+    assert [e.role for e in s.events] == ["user"]
+    assert s.ledger()[-1]["kind"] == "failure"
+    s.chat("try again")
+    assert [e.content for e in s.events if e.role == "user"] == ["please answer", "try again"]
+
+
+def test_invalid_config_keeps_old_value_and_is_not_saved(store_dir):
+    s = Session("c", store=store_dir, llm=FakeLLM())
+    s.configure(window_tokens="32k")
+    assert s.window == 32_000
+    for bad in ({"window_tokens": "lots"}, {"window_tokens": 10}, {"max_tool_rounds": 0},
+                {"api_base": "ftp://x"}, {"nonsense": 1}, {"fallback_model": "openai/x"}):
+        with pytest.raises(ConfigError):
+            s.configure(**bad)
+        assert s.window == 32_000
+    assert Session("c", store=store_dir).window == 32_000
+
+
+def test_window_too_small_for_fixed_overhead_is_a_clear_error(store_dir):
+    with pytest.raises(ConfigError, match="too small"):
+        Session("w", store=store_dir, window_tokens=1024, system_prompt="rule " * 2000)
+
+
+def test_api_keys_never_reach_the_store(store_dir, monkeypatch):
+    secret = "sk-test-DO-NOT-STORE-0123456789abcdef"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    monkeypatch.setenv("MFS_FALLBACK_API_KEY", secret + "-fb")
+    with pytest.raises(ConfigError, match="never saved"):
+        Session("k", store=store_dir, llm=FakeLLM()).configure(api_key=secret)
+    fake = FakeLLM(script=[LLMError(f"provider said: bad key {secret}"), "fine"])
+    s = Session("k", store=store_dir, llm=fake)
+    s.configure(fallback_model="openai/backup", fallback_base_url="http://127.0.0.1:9/v1")
+    with pytest.raises(LLMError):
+        s.chat(f"my key is not {secret[:6]}")
+    s.chat("ok")
+    import pathlib
+    blob = b"".join(p.read_bytes() for p in pathlib.Path(store_dir).rglob("*") if p.is_file())
+    assert secret.encode() not in blob
+
+
+def test_invalid_session_names(store_dir):
+    for bad in ("", "../x", "a b", "x" * 65):
+        with pytest.raises(ConfigError):
+            Session(bad, store=store_dir)
+
+
+def test_two_writers_on_one_session_never_lose_or_duplicate(store_dir):
+    a = Session("shared", store=store_dir, llm=FakeLLM(default="from a"))
+    b = Session("shared", store=store_dir, llm=FakeLLM(default="from b"))
+    a.chat("a1")
+    b.chat("b1")  # b's in-memory log is stale: its first uid collides and must be re-taken
+    a.chat("a2")
+    events = Session("shared", store=store_dir).events
+    assert [e.uid for e in events] == list(range(1, len(events) + 1))
+    assert sorted(e.content for e in events if e.role == "user") == ["a1", "a2", "b1"]
