@@ -191,7 +191,7 @@ class MfsMagics(Magics, Configurable):
             return
         from .ui.data import recall_html, recall_text
 
-        display({"text/plain": recall_text(events), "text/html": recall_html(events)}, raw=True)
+        display(Rich(recall_text(events), recall_html(events)))
 
     # -- %mfs ----------------------------------------------------------------------------
     @line_magic
@@ -261,6 +261,19 @@ class MfsMagics(Magics, Configurable):
             print("ledger is empty: the memory layer has not acted yet")
         for row in rows:
             print(json.dumps(row, ensure_ascii=False))
+
+
+class Rich:
+    """Output with a plain-text and an HTML form; each front end picks the one it can show."""
+
+    def __init__(self, text: str, html: str):
+        self.text, self.html = text, html
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"text/plain": self.text, "text/html": self.html}
+
+    def __repr__(self) -> str:
+        return self.text
 
 
 def _has_frontend(shell: Any) -> bool:

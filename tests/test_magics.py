@@ -1,0 +1,124 @@
+"""The magics in a real in-process InteractiveShell."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+from mfs_nb.magics import parse_uid_range, substitute
+
+
+@pytest.fixture
+def ip(tmp_path, monkeypatch):
+    monkeypatch.setenv("MFS_STORE", str(tmp_path / "nbstore"))
+    from traitlets.config import Config
+
+    cfg = Config()
+    cfg.HistoryManager.enabled = False
+    shell = InteractiveShell(config=cfg)
+    shell.run_line_magic("load_ext", "mfs_nb")
+    yield shell
+    InteractiveShell.clear_instance()
+
+
+def test_chat_recall_and_status(ip, capsys):
+    ip.user_ns["limit"] = 30
+    ip.run_cell_magic("chat", "", "Our DB allows 120 connections; keep the pool under {limit}.")
+    out = capsys.readouterr()
+    assert "No model is configured" in out.out
+    assert "ctx " in out.out and "session default" in out.out
+    ip.run_line_magic("recall", "1-2")
+    out = capsys.readouterr().out
+    assert "[#1 user · turn 1]\nOur DB allows 120 connections; keep the pool under 30." in out
+    assert "[#2 assistant · turn 1]" in out
+    ip.run_line_magic("recall", "1")
+    assert "#2" not in capsys.readouterr().out
+    ip.run_line_magic("mfs", "status")
+    out = capsys.readouterr().out
+    assert "2 events, last uid 2" in out and "endpoint primary (mfs-offline/default)" in out
+
+
+def test_template_escapes_and_unknown_names(ip, capsys):
+    ip.user_ns["x"] = 7
+    ip.run_cell_magic("chat", "", "x={x} {{x}} {missing}")
+    err = capsys.readouterr().err
+    assert "{missing}" in err
+    ip.run_line_magic("recall", "1")
+    assert "x=7 {x} {missing}" in capsys.readouterr().out
+
+
+def test_sessions_new_use_and_config(ip, capsys):
+    ip.run_cell_magic("chat", "", "in default")
+    ip.run_line_magic("mfs", "new side")
+    ip.run_cell_magic("chat", "--no-stream", "in side")
+    ip.run_line_magic("mfs", "sessions")
+    out = capsys.readouterr().out
+    assert "* side" in out and "  default" in out
+    ip.run_line_magic("mfs", "config window_tokens=32k")
+    assert "window_tokens = 32000" in capsys.readouterr().out
+    ip.run_line_magic("mfs", "use default")
+    assert "2 events" in capsys.readouterr().out
+    ip.run_cell_magic("chat", "--session side", "explicit session")
+    ip.run_line_magic("mfs", "use side")
+    ip.run_line_magic("recall", "3")
+    assert "explicit session" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("call, needle", [
+    (("cell", "chat", "", "   "), "empty"),
+    (("cell", "chat", "", "x" * 5_000_000), "tokens"),
+    (("line", "recall", "9-3"), "reversed"),
+    (("line", "recall", "500"), "no events"),
+    (("line", "mfs", "config window_tokens=lots"), "whole number"),
+    (("line", "mfs", "config api_key=sk-123"), "never saved"),
+    (("line", "mfs", "config nosuch=1"), "unknown setting"),
+])
+def test_bad_input_is_one_line_on_stderr(ip, capsys, call, needle):
+    ip.run_cell_magic("chat", "", "first")
+    capsys.readouterr()
+    kind, name, *args = call
+    if kind == "cell":
+        ip.run_cell_magic(name, *args)
+    else:
+        ip.run_line_magic(name, *args)
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err
+    ip.run_cell_magic("chat", "", "still usable")
+    ip.run_line_magic("recall", "3")
+    assert "still usable" in capsys.readouterr().out
+
+
+def test_usage_errors_do_not_raise_out_of_the_cell(ip, capsys):
+    ip.run_cell("%recall abc")
+    ip.run_cell("%mfs frobnicate")
+    ip.run_cell("%%chat --bogus\nhello")
+    err = capsys.readouterr().err
+    assert err.count("UsageError") == 3 and "Traceback" not in err
+
+
+def test_config_traitlets_validate_before_applying(ip, caplog):
+    magics = ip.magics_manager.registry["MfsMagics"]
+    ip.run_cell("%config MfsMagics.window_tokens = 16000")
+    ip.run_cell_magic("chat", "", "hello")
+    assert magics.get_session().window == 16000
+    ip.run_cell("%config MfsMagics.window_tokens = 12")
+    assert magics.window_tokens == 16000 and magics.get_session().window == 16000
+    assert "out of range" in caplog.text
+
+
+def test_load_ext_is_fast_and_imports_no_heavy_modules():
+    code = ("from IPython.core.interactiveshell import InteractiveShell; import sys; "
+            "ip = InteractiveShell.instance(); ip.run_line_magic('load_ext', 'mfs_nb'); "
+            "print(sorted(m for m in ('litellm', 'lancedb', 'torch', 'tiktoken') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_parsers():
+    assert parse_uid_range("102-140") == (102, 140)
+    assert parse_uid_range("102 140") == (102, 140)
+    assert parse_uid_range("#102") == (102, None)
+    assert substitute("{{a}} {b}", {"b": 1}) == ("{a} 1", [])
