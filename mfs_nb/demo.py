@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 SCRIPT = [
     "Help me pick the connection-pool size for this service. Our DB allows 120 connections; keep it under 30.",
@@ -48,7 +48,7 @@ def run(out: TextIO, store: str | None = None) -> int:
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def _turn(out: TextIO, session, text: str) -> None:  # type: ignore[no-untyped-def]
+def _turn(out: TextIO, session: Any, text: str) -> None:
     out.write(f"%%chat\n{text}\n\n")
     reply = session.chat(text)
     out.write(reply.text + "\n")

@@ -266,14 +266,15 @@ def _usage(raw: Any) -> dict[str, int] | None:
     if raw is None:
         return None
     try:
-        prompt = int(getattr(raw, "prompt_tokens", None) if not isinstance(raw, dict) else raw.get("prompt_tokens"))
+        value: Any = raw.get("prompt_tokens") if isinstance(raw, dict) else raw.prompt_tokens
+        prompt = int(value)
         completion = raw.get("completion_tokens") if isinstance(raw, dict) else getattr(raw, "completion_tokens", 0)
         details = raw.get("prompt_tokens_details") if isinstance(raw, dict) else getattr(raw, "prompt_tokens_details", None)
         cached = (details.get("cached_tokens") if isinstance(details, dict) else getattr(details, "cached_tokens", 0)) or 0
         if prompt < 0:
             return None
         return {"prompt_tokens": prompt, "completion_tokens": int(completion or 0), "cached_tokens": int(cached)}
-    except (TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):
         return None
 
 

@@ -138,7 +138,7 @@ class MfsMagics(Magics, Configurable):
 
         name = name or self.session
         if name not in self._sessions:
-            explicit = {k: v for k, v in (("model", self.model), ("window_tokens", self.window_tokens)) if v}
+            explicit: dict[str, Any] = {k: v for k, v in (("model", self.model), ("window_tokens", self.window_tokens)) if v}
             self._sessions[name] = Session(name, store=self._get_store(), **explicit)
         return self._sessions[name]
 
@@ -155,7 +155,7 @@ class MfsMagics(Magics, Configurable):
             session = self.get_session(args.session)
             if args.model:
                 session.configure(model=args.model)
-            text, unknown = substitute(cell, self.shell.user_ns)
+            text, unknown = substitute(cell, self.shell.user_ns if self.shell else {})
             if unknown:
                 print(f"mfs: left as written (no such variable): {', '.join('{' + u + '}' for u in unknown)}",
                       file=sys.stderr)

@@ -65,13 +65,14 @@ def _usage(messages: list[dict[str, Any]], reply: str) -> dict[str, int]:
 class OfflineProvider(CustomLLM):
     """litellm custom provider `mfs-offline/…`."""
 
-    def completion(self, model: str, messages: list, *args: Any, **kwargs: Any) -> ModelResponse:  # type: ignore[override]
+    def completion(self, model: str, messages: list, *args: Any, **kwargs: Any) -> ModelResponse:
         reply = offline_reply(messages)
         usage = _usage(messages, reply)
         return ModelResponse(
             model=model,
             choices=[Choices(message=Message(role="assistant", content=reply), finish_reason="stop", index=0)],
-            usage=Usage(**usage),
+            usage=Usage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
+                        total_tokens=usage["total_tokens"]),
         )
 
     def streaming(self, model: str, messages: list, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:  # type: ignore[override]

@@ -73,11 +73,11 @@ def normalise(raw: list[Any], places: list[str] | None = None) -> list[Message]:
         if role not in ROLES:
             raise InputError(f"{place}: role must be one of {', '.join(ROLES)}, got {role!r}")
         content = _text(item.get("content"), place)
-        calls = []
+        calls: list[dict[str, Any]] = []
         for call in item.get("tool_calls") or []:
             if not isinstance(call, dict):
                 raise InputError(f"{place}: tool_calls must be a list of objects")
-            fn = call.get("function") if isinstance(call.get("function"), dict) else call
+            fn: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else call
             arguments = fn.get("arguments", "")
             if not isinstance(arguments, str):
                 arguments = json.dumps(arguments, ensure_ascii=False)
@@ -85,7 +85,7 @@ def normalise(raw: list[Any], places: list[str] | None = None) -> list[Message]:
             calls.append({"id": str(call.get("id") or f"call_r{counter}"), "type": "function",
                           "function": {"name": str(fn.get("name") or ""), "arguments": arguments}})
         if role == "assistant" and calls:
-            pending = [c["id"] for c in calls]
+            pending = [str(c["id"]) for c in calls]
         call_id = str(item.get("tool_call_id") or "")
         if role == "tool":
             if not call_id and pending:
@@ -119,7 +119,7 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
         if payloads:
             Path(payloads).mkdir(parents=True, exist_ok=True)
         uids: dict[str, int] = {}
-        calls = []
+        calls: list[dict[str, Any]] = []
         previous: list[dict[str, Any]] | None = None
         for index, msg in enumerate(messages):
             if msg.role == "assistant":

@@ -6,7 +6,6 @@ import pytest
 from conftest import FakeLLM, tool_call
 
 from mfs_nb import ConfigError, InputError, LLMError, Session
-from mfs_nb.view import MISSING_RESULT
 
 
 def test_fifty_turns_then_resume_is_byte_identical(store_dir):

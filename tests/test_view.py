@@ -52,9 +52,8 @@ def test_project_layers_cover_every_uid():
 
 @st.composite
 def histories(draw):
-    events, uid, open_calls = [], 0, []
-    for _ in range(draw(st.integers(0, 40))):
-        uid += 1
+    events, open_calls = [], []
+    for uid in range(1, draw(st.integers(0, 40)) + 1):
         kind = draw(st.sampled_from(["user", "assistant", "calls", "tool", "stray"]))
         if kind == "calls":
             n = draw(st.integers(1, 3))
