@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from .errors import ConfigError, InputError, MfsError
 from .events import Event, clean_text
 from .llm import LLM, Completion, default_endpoints, is_offline, missing_key, model_window, redact
+from .meter import Meter
 from .settings import Settings, from_environment
 from .store import Store, UidConflict, now_iso
 from .tokens import estimate_tokens, message_tokens
@@ -98,7 +99,7 @@ class Session:
         self._writer = uuid.uuid4().hex
         self._lock = threading.RLock()
         self._events: list[Event] = self.store.load_events(name)
-        self._anchor: dict[str, Any] | None = meta.get("anchor")
+        self._meter = Meter.from_json(meta.get("anchor"))
         self._ledger_seq = len(self.store.load_ledger(name))
         self._token_cache: dict[int, int] = {}
         self._last_payload: list[dict[str, Any]] | None = None
@@ -241,11 +242,14 @@ class Session:
         """The exact payload the next model call would receive, and its layers."""
         return project(self._events, self._system(), self._count)
 
+    def _counts(self, view: SendView) -> list[int]:
+        return [self._count(m, u) for m, u in zip(view.messages, view.uids)]
+
     def usage(self, view: SendView | None = None) -> Usage:
         """Context pressure: the number the meter shows and the tiers act on."""
         view = view or self.send_view()
         profile = self.profile()
-        tokens, source = self._pressure(view)
+        tokens, source = self._meter.pressure(view, self._counts(view), self._tool_schema_tokens())
         cache = None
         if self._last_provider_usage and self._last_provider_usage.get("cached_tokens"):
             prompt = self._last_provider_usage["prompt_tokens"] or 1
@@ -253,32 +257,17 @@ class Session:
         return Usage(tokens, profile.window_tokens, profile.effective, profile.tier(tokens), source, self.name,
                      cache, self._last_prefix_ratio)
 
-    def _pressure(self, view: SendView) -> tuple[int, str]:
-        full = view.tokens + self._tool_schema_tokens()
-        anchor = self._anchor
-        if anchor and anchor.get("fingerprint") == self._fingerprint(view, anchor.get("messages", 0)):
-            n = anchor["messages"]
-            added = sum(self._count(m, u) for m, u in zip(view.messages[n:], view.uids[n:]))
-            return int(anchor["prompt_tokens"]) + added, "anchor+estimate"
-        return full, "estimate"
-
-    def _fingerprint(self, view: SendView, n: int) -> str:
-        """Structure of the first n messages: count, last uid, hash of the static slots."""
-        if n <= 0 or n > len(view.messages):
-            return ""
-        from .events import content_hash
-
-        last_uid = next((u for u in reversed(view.uids[:n]) if u is not None), 0)
-        return f"{n}:{last_uid}:{content_hash(view.messages[0]['content'])[:16]}"
-
-    def _anchor_on(self, view: SendView, usage: dict[str, int] | None) -> None:
-        if not usage or usage.get("prompt_tokens", 0) <= 0:
-            return  # no usage: the anchor never moves
-        n = len(view.messages)
-        self._anchor = {"prompt_tokens": usage["prompt_tokens"], "messages": n,
-                        "fingerprint": self._fingerprint(view, n)}
+    def observe_usage(self, view: SendView, usage: dict[str, int] | None) -> list[str]:
+        """Anchor on a provider's usage for the payload `view`; returns notices (calibration)."""
+        if not usage:
+            return []
+        note = self._meter.observe(view, self._counts(view), usage)
         self._last_provider_usage = usage
         self._save_meta()
+        if note:
+            self._log("calibration", k=round(self._meter.k, 4), note=note)
+            return [note]
+        return []
 
     def prepare_call(self) -> CallPlan:
         """What the memory layer does before a model call: project, measure, act on the tier."""
@@ -321,7 +310,7 @@ class Session:
                 except MfsError as exc:
                     self._log("failure", tier=plan.usage.tier, error=redact(str(exc)), uid=user.uid)
                     raise
-                self._anchor_on(plan.view, completion.usage)
+                notices.extend(self.observe_usage(plan.view, completion.usage))
                 assistant = self.record("assistant", completion.text, tool_calls=completion.tool_calls or None)
                 uids.append(assistant.uid)
                 if not completion.tool_calls:
@@ -366,7 +355,7 @@ class Session:
         return self.store.load_ledger(self.name)
 
     def _save_meta(self) -> None:
-        self.store.save_meta(self.name, settings=self._saved, anchor=self._anchor)
+        self.store.save_meta(self.name, settings=self._saved, anchor=self._meter.to_json())
 
     def status(self) -> dict[str, Any]:
         """What `%mfs status` shows."""

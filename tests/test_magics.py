@@ -75,7 +75,7 @@ def test_sessions_new_use_and_config(ip, capsys):
     (("line", "mfs", "config window_tokens=lots"), "whole number"),
     (("line", "mfs", "config api_key=sk-123"), "never saved"),
     (("line", "mfs", "config nosuch=1"), "unknown setting"),
-])
+], ids=["empty", "5MB", "reversed", "unknown-uid", "bad-window", "key", "unknown-setting"])
 def test_bad_input_is_one_line_on_stderr(ip, capsys, call, needle):
     ip.run_cell_magic("chat", "", "first")
     capsys.readouterr()

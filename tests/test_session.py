@@ -105,10 +105,11 @@ def test_recall_api_errors_are_input_errors(store_dir):
     ("", "empty"),
     ("   \n\t", "empty"),
     ("x" * 5_000_000, "tokens"),
+    ("word " * 1_000_000, "tokens"),
     (b"\xff\xfe\x00bad", "not UTF-8"),
     ("bin\x00ary", "NUL"),
     (12, "must be text"),
-])
+], ids=["empty", "blank", "5MB-run", "5MB-words", "undecodable", "nul", "not-text"])
 def test_bad_input_is_one_line_and_loses_nothing(store_dir, bad, needle):
     s = Session("b", store=store_dir, llm=FakeLLM())
     s.chat("before")

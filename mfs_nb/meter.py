@@ -1,0 +1,93 @@
+"""S0 pressure: usage anchor, increment estimate, calibration (DESIGN §3 S0, seed 000 §3.2).
+
+Pure state, no I/O. After each response the provider's `prompt_tokens` becomes the anchor,
+with a fingerprint of the payload it priced (message count, last uid, hash of the system slot;
+the tool list is deliberately not part of it). Pressure is the anchor plus the calibrated
+estimate of every message added since, while the fingerprint still matches the current payload;
+after a structural change it is a calibrated estimate of the whole payload.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .events import content_hash
+from .view import SendView
+
+ALPHA = 0.3  # EMA weight of the newest real/estimated increment ratio
+DEVIATION = 0.15  # |k − 1| above this, held for PERSIST calibrations, is noted once
+PERSIST = 3
+MIN_INCREMENT = 32  # tokens; smaller increments are too noisy to calibrate on
+RATIO_BOUNDS = (0.25, 4.0)  # a ratio outside this is a provider quirk, not a calibration signal
+
+
+def fingerprint(view: SendView, n: int) -> str:
+    """Structure of the first n messages of a payload: count, last uid, hash of the system slot."""
+    if n <= 0 or n > len(view.messages):
+        return ""
+    last_uid = next((u for u in reversed(view.uids[:n]) if u is not None), 0)
+    system = view.messages[0].get("content") or "" if view.messages[0].get("role") == "system" else ""
+    return f"{n}:{last_uid}:{content_hash(system)[:16]}"
+
+
+@dataclass
+class Anchor:
+    prompt_tokens: int
+    messages: int
+    fingerprint: str
+
+
+@dataclass
+class Meter:
+    """The anchor and the calibration factor k of one session."""
+
+    anchor: Anchor | None = None
+    k: float = 1.0
+    over: int = 0
+    noted: bool = False
+
+    def pressure(self, view: SendView, counts: list[int], fixed: int) -> tuple[int, str]:
+        """(tokens, source): anchor + k·estimate(added), or k·estimate(whole payload)."""
+        a = self.anchor
+        if a and a.fingerprint == fingerprint(view, a.messages):
+            return a.prompt_tokens + round(self.k * sum(counts[a.messages:])), "anchor+estimate"
+        return round(self.k * (sum(counts) + fixed)), "estimate"
+
+    def observe(self, view: SendView, counts: list[int], usage: dict[str, int] | None) -> str | None:
+        """Anchor on a response's usage and calibrate k; returns a note the first time the
+        estimate has deviated more than 15 % for several calibrations in a row."""
+        prompt = (usage or {}).get("prompt_tokens") or 0
+        if prompt <= 0:
+            return None  # no usage: the anchor never moves
+        note = None
+        a = self.anchor
+        if a and a.fingerprint == fingerprint(view, a.messages):
+            estimated = sum(counts[a.messages:])
+            real = prompt - a.prompt_tokens
+            if estimated >= MIN_INCREMENT and real > 0 and RATIO_BOUNDS[0] <= real / estimated <= RATIO_BOUNDS[1]:
+                self.k = (1 - ALPHA) * self.k + ALPHA * real / estimated
+                self.over = self.over + 1 if abs(self.k - 1) > DEVIATION else 0
+                if self.over >= PERSIST and not self.noted:
+                    self.noted = True
+                    note = (f"token estimates differ from the provider's count by {abs(self.k - 1):.0%}; "
+                            f"estimates are now scaled by k={self.k:.2f}")
+        n = len(view.messages)
+        self.anchor = Anchor(int(prompt), n, fingerprint(view, n))
+        return note
+
+    def to_json(self) -> dict[str, Any]:
+        return {"anchor": asdict(self.anchor) if self.anchor else None, "k": self.k, "over": self.over,
+                "noted": self.noted}
+
+    @classmethod
+    def from_json(cls, data: Any) -> Meter:
+        if not isinstance(data, dict):
+            return cls()
+        raw = data.get("anchor")
+        anchor = None
+        if isinstance(raw, dict) and {"prompt_tokens", "messages", "fingerprint"} <= raw.keys():
+            anchor = Anchor(int(raw["prompt_tokens"]), int(raw["messages"]), str(raw["fingerprint"]))
+        k = data.get("k", 1.0)
+        k = float(k) if isinstance(k, (int, float)) and RATIO_BOUNDS[0] <= k <= RATIO_BOUNDS[1] else 1.0
+        return cls(anchor, k, int(data.get("over", 0) or 0), bool(data.get("noted", False)))
