@@ -22,6 +22,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--store", help="LanceDB store to replay into (default: a temporary one)")
     r.add_argument("--json", dest="json_out", help="write the report here")
     r.add_argument("--payloads", help="write each call's payload here as call-00001.json, …")
+    b = sub.add_parser("bench", help="run benchmarks on real conversations and update docs/benchmarks.md")
+    b.add_argument("suites", nargs="*", help="suites to run (default: all)")
+    b.add_argument("--data", help="data directory with loaders.py (default: ../shared/data when it exists)")
+    b.add_argument("--json", dest="json_out", help="write the results here as JSON")
+    b.add_argument("--quick", action="store_true", help="subsampled run that fits in a few minutes")
+    b.add_argument("--docs", default="docs/benchmarks.md",
+                   help="markdown file whose sections are regenerated ('' to leave docs alone)")
     return p
 
 
@@ -34,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
             return run(sys.stdout, args.store)
         if args.command == "replay":
             return _replay(args)
+        if args.command == "bench":
+            from pathlib import Path
+
+            from .bench.runner import run as bench
+
+            return bench(args.suites, args.data, args.quick, args.json_out, Path(args.docs) if args.docs else None)
     except MfsError as exc:
         print(f"mfs-nb: {exc}", file=sys.stderr)
         return 2

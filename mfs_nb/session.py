@@ -70,6 +70,11 @@ class CallPlan:
     notices: list[str]
 
 
+def _profile(window: int, settings: Settings) -> ContextProfile:
+    return ContextProfile(window, warn=settings.warn_at, compress=(settings.warn_at + settings.hard_at) / 2,
+                          hard=settings.hard_at)
+
+
 def _window_for(settings: Settings) -> int:
     if settings.window_tokens:
         return settings.window_tokens
@@ -105,6 +110,8 @@ class Session:
         self._last_payload: list[dict[str, Any]] | None = None
         self._last_prefix_ratio: float | None = None
         self._last_provider_usage: dict[str, int] | None = None
+        self._last_tier = "ok"
+        self.last_plan: CallPlan | None = None
         self._injected_llm = llm
         self._llm: ChatModel | None = llm
         self._window: int | None = None
@@ -113,7 +120,7 @@ class Session:
         if explicit or not meta:
             self._save_meta()
         if self.settings.window_tokens:
-            self._check_overhead(ContextProfile(self.settings.window_tokens), self.settings)
+            self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
 
     # -- configuration ---------------------------------------------------------------------
     def configure(self, **values: Any) -> Settings:
@@ -123,7 +130,7 @@ class Session:
             if new.fallback_model and not os.environ.get("MFS_FALLBACK_API_KEY"):
                 raise ConfigError("a fallback endpoint needs MFS_FALLBACK_API_KEY in the environment (keys are never saved)")
             window = _window_for(new)
-            self._check_overhead(ContextProfile(window), new)
+            self._check_overhead(_profile(window, new), new)
             self.settings, self._window = new, window
             self._saved.update({k: getattr(new, k) for k in values})
             if self._injected_llm is None:
@@ -151,7 +158,7 @@ class Session:
 
     def profile(self) -> ContextProfile:
         """Window and tier thresholds of this session."""
-        return ContextProfile(self.window)
+        return _profile(self.window, self.settings)
 
     def _check_overhead(self, profile: ContextProfile, settings: Settings) -> None:
         overhead = message_tokens({"role": "system", "content": system_prompt(settings.system_prompt)})
@@ -257,6 +264,11 @@ class Session:
         return Usage(tokens, profile.window_tokens, profile.effective, profile.tier(tokens), source, self.name,
                      cache, self._last_prefix_ratio)
 
+    @property
+    def calibration(self) -> float:
+        """The calibration factor k applied to token estimates (1.0 until a provider reports usage)."""
+        return self._meter.k
+
     def observe_usage(self, view: SendView, usage: dict[str, int] | None) -> list[str]:
         """Anchor on a provider's usage for the payload `view`; returns notices (calibration)."""
         if not usage:
@@ -270,12 +282,28 @@ class Session:
         return []
 
     def prepare_call(self) -> CallPlan:
-        """What the memory layer does before a model call: project, measure, act on the tier."""
+        """What the memory layer does before a model call: project, measure, act on the tier.
+
+        The tier comes from the same `Usage` the status line shows (DESIGN §2.8)."""
         view = self.send_view()
         usage = self.usage(view)
+        notices = self._act_on_tier(usage)
         self._last_prefix_ratio = self._prefix_ratio(view)
         self._last_payload = view.messages
-        return CallPlan(view, usage, [])
+        self.last_plan = CallPlan(view, usage, notices)
+        return self.last_plan
+
+    def _act_on_tier(self, usage: Usage) -> list[str]:
+        """Tier hooks. Full send (S1) has nothing to shed yet, so it says where the context stands,
+        once per tier change, and what the user can do at the hard line."""
+        previous, self._last_tier = self._last_tier, usage.tier
+        if usage.tier == previous or usage.tier == "ok":
+            return []
+        text = f"context at {usage.tokens / usage.effective:.0%} of the usable window (tier {usage.tier})"
+        if usage.tier == "hard":
+            text += "; the provider may soon refuse the request: start a fresh session with %mfs new NAME"
+        self._log("tier", tier=usage.tier, tokens=usage.tokens, effective=usage.effective)
+        return [text]
 
     def _prefix_ratio(self, view: SendView) -> float | None:
         if self._last_payload is None:

@@ -34,6 +34,8 @@ class Settings:
     timeout_s: float = 120.0
     recall_max_events: int = 200
     system_prompt: str = ""
+    warn_at: float = 0.85  # share of the usable window; may only be lowered (compaction earlier)
+    hard_at: float = 0.95
 
     def public(self) -> dict[str, Any]:
         """The settings as saved in the store and shown to the user (nothing secret in here)."""
@@ -74,6 +76,10 @@ class Settings:
             raise ConfigError(f"max_tool_rounds={self.max_tool_rounds} is out of range (1 … 50)")
         if not 1 <= self.timeout_s <= 3600:
             raise ConfigError(f"timeout_s={self.timeout_s} is out of range (1 … 3600 seconds)")
+        if not 0.3 <= self.warn_at <= 0.85:
+            raise ConfigError(f"warn_at={self.warn_at} must be between 0.3 and 0.85: thresholds may only move earlier")
+        if not self.warn_at <= self.hard_at <= 0.95:
+            raise ConfigError(f"hard_at={self.hard_at} must be between warn_at ({self.warn_at}) and 0.95")
         if not 1 <= self.recall_max_events <= 10_000:
             raise ConfigError(f"recall_max_events={self.recall_max_events} is out of range (1 … 10000)")
 

@@ -188,3 +188,48 @@ def test_two_writers_on_one_session_never_lose_or_duplicate(store_dir):
     events = Session("shared", store=store_dir).events
     assert [e.uid for e in events] == list(range(1, len(events) + 1))
     assert sorted(e.content for e in events if e.role == "user") == ["a1", "a2", "b1"]
+
+
+def test_meter_and_trigger_read_one_value(store_dir):
+    from mfs_nb.ui.data import status_data
+
+    s = Session("one", store=store_dir, window_tokens=4096, llm=FakeLLM(default="short answer"))
+    i = 0
+    while s.usage().tokens < 0.45 * s.usage().effective:
+        s.chat(f"message {i}: " + "the pool has 120 connections " * 10)
+        i += 1
+    plan = s.prepare_call()
+    meter = status_data(plan.usage)
+    assert plan.usage.tier == "ok" and meter["tier"] == "ok" and plan.notices == []
+    s.configure(warn_at=0.3, hard_at=0.35)  # earlier thresholds: the same number now crosses them
+    plan2 = s.prepare_call()
+    meter2 = status_data(plan2.usage)
+    assert plan2.usage.tokens == plan.usage.tokens and meter2["ratio"] == meter["ratio"]
+    assert plan2.usage.tier == meter2["tier"] != "ok"
+    assert f"tier {plan2.usage.tier}" in meter2["line"] and plan2.notices and plan2.usage.tier in plan2.notices[0]
+    assert s.ledger()[-1]["kind"] == "tier"
+    with pytest.raises(ConfigError, match="only move earlier"):
+        s.configure(warn_at=0.9)
+
+
+def test_calibration_moves_k_and_notes_a_persistent_deviation_once(store_dir):
+    from mfs_nb.llm import Completion
+
+    s = Session("cal", store=store_dir, llm=FakeLLM())
+    real = {"n": 0}
+
+    def priced(messages):  # a provider whose tokenizer counts 1.5x our estimate
+        from mfs_nb.tokens import message_tokens
+        real["n"] = round(1.5 * sum(message_tokens(m) for m in messages))
+        return Completion("answer " * 20, [], {"prompt_tokens": real["n"], "completion_tokens": 5}, "primary", "f")
+
+    s._llm = FakeLLM(script=[priced] * 8)
+    notes = []
+    for i in range(8):
+        notes += s.chat(f"turn {i} " + "words and numbers 42 " * 20).notices
+    assert 1.35 < s._meter.k <= 1.5
+    assert sum("estimates differ" in n for n in notes) == 1
+    assert [r["kind"] for r in s.ledger()].count("calibration") == 1
+    u = s.usage()
+    assert u.source == "anchor+estimate"
+    assert Session("cal", store=store_dir)._meter.k == s._meter.k

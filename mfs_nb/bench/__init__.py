@@ -1,0 +1,13 @@
+"""`mfs-nb bench`: deterministic benchmarks on real conversations (`../shared/data` by default).
+
+Each suite is a module with `NAME`, `NEEDS` (the loaders it uses) and `run(data, quick) -> dict`
+returning `{"title", "tables": [{"columns", "rows"}], "notes": [...], "metrics": {...}}`.
+Results are printed, optionally written as JSON, and their section of `docs/benchmarks.md` is
+regenerated in place. A suite whose data is missing is skipped with a message.
+"""
+
+from __future__ import annotations
+
+from . import tokens
+
+SUITES = {tokens.NAME: tokens}

@@ -1,0 +1,78 @@
+"""The benchmark harness on a tiny synthetic data directory made here (never the shared data)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from mfs_nb.bench.data import to_openai
+from mfs_nb.cli import main
+
+LOADERS = textwrap.dedent('''
+    def _chat(n, lang):
+        msgs = []
+        for i in range(n):
+            if lang == "zh":
+                text = f"第{i}天我们在上海花了{i * 37}元，酒店电话是021-6{i:03d}8888。"
+            else:
+                text = f"Day {i}: we spent ${i * 37} in Boston and I'm tired, isn't it fun?"
+            msgs.append({"id": f"D1:{i}", "role": "user" if i % 2 == 0 else "assistant", "content": text})
+        return msgs
+
+    def locomo():
+        return [{"id": "c1", "messages": _chat(700, "en"), "questions": []}]
+
+    def kdconv():
+        return [{"id": f"k{j}", "messages": _chat(20, "zh")} for j in range(3)]
+
+    def crosswoz():
+        return [{"id": "w1", "messages": _chat(20, "zh")}]
+
+    def claude_code_sessions():
+        msgs = [{"role": "user", "content": "run the tests"}]
+        for i in range(30):
+            msgs.append({"role": "assistant", "content": '[tool_use Bash] {"command": "mix test test/a_test.exs:%d"}' % i})
+            msgs.append({"role": "tool", "content": "Compiling 3 files (.ex)\\n%d tests, 0 failures\\n" % i})
+        return [{"id": "s1", "messages": msgs, "compact_at": None, "compact_summary": None, "pre_tokens": None}]
+''')
+
+
+def test_tokens_suite_runs_and_regenerates_its_docs_section(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "loaders.py").write_text(LOADERS)
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n\nhand-written intro stays\n")
+    out = tmp_path / "r.json"
+    for _ in range(2):  # a second run replaces the section instead of appending another
+        assert main(["bench", "tokens", "--quick", "--data", str(data), "--docs", str(docs), "--json", str(out)]) == 0
+    text = docs.read_text()
+    assert "hand-written intro stays" in text and text.count("<!-- bench:tokens -->") == 1
+    assert "MAE vs o200k_base" in text and "mfs-nb bench tokens --quick" in text
+    result = json.loads(out.read_text())["suites"]["tokens"]
+    mae = result["metrics"]["message_mae"]["o200k_base"]
+    assert set(mae) == {"English chat (LoCoMo)", "Chinese chat (KdConv, CrossWOZ)",
+                        "tool output and code (coding-agent sessions)"}
+    assert all(0 <= v < 0.5 for v in mae.values())
+    assert result["metrics"]["pressure"]["turns"] == 60
+    assert result["metrics"]["throughput_mb_s"] > 0
+    assert "S0 token accounting" in capsys.readouterr().out
+
+
+def test_missing_data_is_skipped_with_a_message(tmp_path, capsys):
+    assert main(["bench", "tokens", "--data", str(tmp_path / "nowhere"), "--docs", ""]) == 0
+    assert "skipped: data not found" in capsys.readouterr().out
+
+
+def test_coding_agent_messages_become_paired_tool_calls():
+    msgs = to_openai([
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": '[tool_use Bash] {"command": "ls"}'},
+        {"role": "assistant", "content": '[tool_use Read] {"file": "a.ex"}'},
+        {"role": "tool", "content": "a.ex"},
+        {"role": "tool", "content": "defmodule A"},
+        {"role": "assistant", "content": "done"},
+    ])
+    assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "tool", "assistant"]
+    ids = [c["id"] for c in msgs[1]["tool_calls"]]
+    assert [m["tool_call_id"] for m in msgs[2:4]] == ids and msgs[1]["tool_calls"][1]["function"]["name"] == "Read"
