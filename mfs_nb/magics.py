@@ -139,7 +139,13 @@ class MfsMagics(Magics, Configurable):
         name = name or self.session
         if name not in self._sessions:
             explicit: dict[str, Any] = {k: v for k, v in (("model", self.model), ("window_tokens", self.window_tokens)) if v}
-            self._sessions[name] = Session(name, store=self._get_store(), **explicit)
+            session = Session(name, store=self._get_store(), **explicit)
+            if session.settings.notebook_tools:
+                from .notebook_tools import notebook_tools
+
+                for tool in notebook_tools(self.shell):
+                    session.register_tool(tool)
+            self._sessions[name] = session
         return self._sessions[name]
 
     # -- %%chat --------------------------------------------------------------------------

@@ -23,12 +23,13 @@ RATIO_BOUNDS = (0.25, 4.0)  # a ratio outside this is a provider quirk, not a ca
 
 
 def fingerprint(view: SendView, n: int) -> str:
-    """Structure of the first n messages of a payload: count, last uid, hash of the system slot."""
+    """Structure of the first n messages of a payload: count, last uid, hash of the system slot, and
+    the projection's structure key (S2 boundaries, segments), whose change is a structural change."""
     if n <= 0 or n > len(view.messages):
         return ""
     last_uid = next((u for u in reversed(view.uids[:n]) if u is not None), 0)
     system = view.messages[0].get("content") or "" if view.messages[0].get("role") == "system" else ""
-    return f"{n}:{last_uid}:{content_hash(system)[:16]}"
+    return f"{n}:{last_uid}:{content_hash(system)[:16]}:{view.structure}"
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -107,13 +108,18 @@ def _text(content: Any, place: str) -> str:
 
 
 def replay(messages: list[Message], *, window: int | None = None, model: str | None = None,
-           store: str | None = None, payloads: str | Path | None = None, session: str = "replay") -> dict[str, Any]:
-    """Run the transcript through a fresh session; return the report (see README, `replay`)."""
+           store: str | None = None, payloads: str | Path | None = None, session: str = "replay",
+           on_call: Callable[[Any, Any], None] | None = None, keep: Callable[[Any], None] | None = None,
+           **settings: Any) -> dict[str, Any]:
+    """Run the transcript through a fresh session; return the report (see README, `replay`).
+
+    `on_call(session, plan)` sees each call's plan (payload and pressure); `keep(session)` sees the
+    session at the end, before a temporary store is removed; `settings` go to the Session."""
     from .session import Session, shared_prefix_tokens
 
     tmp = None if store else tempfile.mkdtemp(prefix="mfs-replay-")
     try:
-        s = Session(session, store=store or tmp, model=model, window_tokens=window)
+        s = Session(session, store=store or tmp, model=model, window_tokens=window, **settings)
         if s.events:
             raise InputError(f"session {session!r} in {s.store.uri} already has events; use an empty --store")
         if payloads:
@@ -125,7 +131,7 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
             if msg.role == "assistant":
                 plan = s.prepare_call()
                 view = plan.view
-                counts = [s._count(m, u) for m, u in zip(view.messages, view.uids)]
+                counts = s.token_counts(view)
                 shared = shared_prefix_tokens(previous, view.messages, counts.__getitem__) if previous else 0
                 calls.append({"call": len(calls) + 1, "turn": s.turn, "payload_tokens": sum(counts),
                               "shared_prefix_tokens": shared, "tier": plan.usage.tier, "notices": plan.notices})
@@ -133,12 +139,16 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
                     path = Path(payloads) / f"call-{len(calls):05d}.json"
                     path.write_text(json.dumps({"messages": view.messages}, ensure_ascii=False), encoding="utf-8")
                 previous = view.messages
+                if on_call:
+                    on_call(s, plan)
             event = s.record(msg.role, msg.content, tool_calls=msg.tool_calls or None, tool_call_id=msg.tool_call_id,
                              name=msg.name, new_turn=msg.role == "user", origin=msg.role)
             uids[str(index)] = event.uid
         final = s.send_view()
         raw = final.raw_uids()
         total = len(s.events)
+        if keep:
+            keep(s)
         return {
             "window_tokens": s.window,
             "model": s.settings.model,

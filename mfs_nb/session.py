@@ -15,10 +15,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, Protocol
 
+from . import clearing
+from .clearing import Clearing
 from .errors import ConfigError, InputError, MfsError
 from .events import Event, clean_text
 from .llm import LLM, Completion, default_endpoints, is_offline, missing_key, model_window, redact
@@ -27,7 +29,7 @@ from .settings import Settings, from_environment
 from .store import Store, UidConflict, now_iso
 from .tokens import estimate_tokens, message_tokens
 from .tools import RECALL_DESCRIPTION, RECALL_SCHEMA, Tool, call_tool, format_events, parse_range
-from .usage import ContextProfile, Usage
+from .usage import TIERS, ContextProfile, Usage, human
 from .view import SendView, project
 
 DEFAULT_WINDOW = 128_000
@@ -105,8 +107,10 @@ class Session:
         self._lock = threading.RLock()
         self._events: list[Event] = self.store.load_events(name)
         self._meter = Meter.from_json(meta.get("anchor"))
-        self._ledger_seq = len(self.store.load_ledger(name))
-        self._token_cache: dict[int, int] = {}
+        ledger = self.store.load_ledger(name)
+        self._ledger_seq = len(ledger)
+        last_clearing = next((r for r in reversed(ledger) if r["kind"] == "clearing"), None)
+        self._token_cache: dict[tuple[int, str], int] = {}
         self._last_payload: list[dict[str, Any]] | None = None
         self._last_prefix_ratio: float | None = None
         self._last_provider_usage: dict[str, int] | None = None
@@ -119,6 +123,9 @@ class Session:
         self.register_tool(Tool("recall_history", RECALL_DESCRIPTION, RECALL_SCHEMA, self._recall_tool))
         if explicit or not meta:
             self._save_meta()
+        # S2 boundaries are declared by clearing rows in the ledger; the newest one is in force.
+        self._clear_before = int(last_clearing["clear_before"]) if last_clearing else 0
+        self._prune_before = int(last_clearing["prune_before"]) if last_clearing else 0
         if self.settings.window_tokens:
             self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
 
@@ -237,26 +244,36 @@ class Session:
         return format_events(events)
 
     # -- projection and pressure -----------------------------------------------------------
-    def _count(self, message: dict[str, Any], uid: int | None) -> int:
+    def _count(self, message: dict[str, Any], uid: int | None, form: str = "full") -> int:
+        """Estimated tokens of one payload message; (uid, form) identifies its bytes, so it is cached."""
         if uid is None:
             return message_tokens(message)
-        cached = self._token_cache.get(uid)
+        key = (uid, form)
+        cached = self._token_cache.get(key)
         if cached is None:
-            cached = self._token_cache[uid] = message_tokens(message)
+            cached = self._token_cache[key] = message_tokens(message)
         return cached
 
-    def send_view(self) -> SendView:
+    def send_view(self, clearing: Clearing | None = None) -> SendView:
         """The exact payload the next model call would receive, and its layers."""
-        return project(self._events, self._system(), self._count)
+        return project(self._events, self._system(), self._count, clearing or self.clearing_state())
 
-    def _counts(self, view: SendView) -> list[int]:
-        return [self._count(m, u) for m, u in zip(view.messages, view.uids)]
+    def clearing_state(self) -> Clearing:
+        """Where S2 acts in the send view now: trim size from the window, boundaries from the ledger."""
+        if not self.settings.tool_clearing:
+            return Clearing()
+        return Clearing(clearing.trim_chars(self.profile().effective), self._clear_before, self._prune_before)
+
+    def token_counts(self, view: SendView) -> list[int]:
+        """Estimated tokens of each message of a payload (cached per uid and form)."""
+        forms = view.forms or ["full"] * len(view.messages)
+        return [self._count(m, u, f) for m, u, f in zip(view.messages, view.uids, forms)]
 
     def usage(self, view: SendView | None = None) -> Usage:
         """Context pressure: the number the meter shows and the tiers act on."""
         view = view or self.send_view()
         profile = self.profile()
-        tokens, source = self._meter.pressure(view, self._counts(view), self._tool_schema_tokens())
+        tokens, source = self._meter.pressure(view, self.token_counts(view), self._tool_schema_tokens())
         cache = None
         if self._last_provider_usage and self._last_provider_usage.get("cached_tokens"):
             prompt = self._last_provider_usage["prompt_tokens"] or 1
@@ -273,7 +290,7 @@ class Session:
         """Anchor on a provider's usage for the payload `view`; returns notices (calibration)."""
         if not usage:
             return []
-        note = self._meter.observe(view, self._counts(view), usage)
+        note = self._meter.observe(view, self.token_counts(view), usage)
         self._last_provider_usage = usage
         self._save_meta()
         if note:
@@ -287,11 +304,50 @@ class Session:
         The tier comes from the same `Usage` the status line shows (DESIGN §2.8)."""
         view = self.send_view()
         usage = self.usage(view)
-        notices = self._act_on_tier(usage)
+        notices: list[str] = []
+        if self.settings.tool_clearing and TIERS.index(usage.tier) >= TIERS.index("warn"):
+            view, usage, notices = self._clear_tool_results(view, usage)
+        notices += self._act_on_tier(usage)
         self._last_prefix_ratio = self._prefix_ratio(view)
         self._last_payload = view.messages
         self.last_plan = CallPlan(view, usage, notices)
         return self.last_plan
+
+    def _clear_tool_results(self, view: SendView, usage: Usage) -> tuple[SendView, Usage, list[str]]:
+        """S2 at the warn line: clear old tool results (and, if still needed, long old arguments)
+        in one go, only forward, and only when it frees enough to be worth a cache miss."""
+        starts = clearing.rounds(self._events)
+        if not starts:
+            return view, usage, []
+        current = self.clearing_state()
+        keep = [starts[-n] for n in (clearing.KEEP_ROUNDS, 1) if len(starts) >= n]
+        options = [(keep[0], current.prune_before), (keep[0], keep[0])] + ([(keep[1], keep[1])] if len(keep) > 1 else [])
+        warn_line = self.profile().warn * usage.effective
+        best: tuple[Clearing, SendView, Usage] | None = None
+        for clear_before, prune_before in options:
+            option = replace(current, clear_before=max(current.clear_before, clear_before),
+                             prune_before=max(current.prune_before, prune_before))
+            if option == current:
+                continue
+            new_view = self.send_view(option)
+            best = (option, new_view, self.usage(new_view))
+            if best[2].tokens < warn_line:
+                break
+        if best is None or usage.tokens - best[2].tokens < clearing.MIN_GAIN * usage.effective:
+            return view, usage, []
+        option, new_view, new_usage = best
+        self._clear_before, self._prune_before = option.clear_before, option.prune_before
+        before, after = view.clearing, new_view.clearing
+        cleared = after.cleared - before.cleared
+        chars = after.chars_saved - before.chars_saved
+        self._log("clearing", tier=usage.tier, tokens_before=usage.tokens, tokens_after=new_usage.tokens,
+                  cleared=cleared, trimmed=after.trimmed, pruned=after.pruned - before.pruned, chars_saved=chars,
+                  tokens_saved=usage.tokens - new_usage.tokens, clear_before=option.clear_before,
+                  prune_before=option.prune_before)
+        text = f"cleared {cleared} old tool result{'s' if cleared != 1 else ''} (−{human(chars)} chars)"
+        if after.pruned > before.pruned:
+            text += f" and stubbed the long arguments of {after.pruned - before.pruned} old tool calls"
+        return new_view, new_usage, [text]
 
     def _act_on_tier(self, usage: Usage) -> list[str]:
         """Tier hooks. Full send (S1) has nothing to shed yet, so it says where the context stands,
@@ -308,7 +364,8 @@ class Session:
     def _prefix_ratio(self, view: SendView) -> float | None:
         if self._last_payload is None:
             return None
-        shared = shared_prefix_tokens(self._last_payload, view.messages, lambda i: self._count(view.messages[i], view.uids[i]))
+        counts = self.token_counts(view)
+        shared = shared_prefix_tokens(self._last_payload, view.messages, counts.__getitem__)
         return shared / max(view.tokens, 1)
 
     # -- a turn ----------------------------------------------------------------------------

@@ -30,6 +30,8 @@ class Settings:
     fallback_model: str = ""
     fallback_base_url: str = ""
     tools: bool = True
+    notebook_tools: bool = True  # inspect_variable and cell_output, when a notebook shell is present
+    tool_clearing: bool = True  # S2: trim, clear and prune old tool results in the send view
     max_tool_rounds: int = 6
     timeout_s: float = 120.0
     recall_max_events: int = 200

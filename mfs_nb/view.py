@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .clearing import Clearing, ClearingStats, apply
 from .events import Event
 from .tokens import message_tokens
 
@@ -44,6 +45,9 @@ class SendView:
     messages: list[dict[str, Any]]
     layers: list[Layer]
     uids: list[int | None] = field(default_factory=list)
+    forms: list[str] = field(default_factory=list)
+    structure: str = ""
+    clearing: ClearingStats = field(default_factory=ClearingStats)
 
     @property
     def tokens(self) -> int:
@@ -84,25 +88,49 @@ def pair_tool_messages(events: Sequence[Event]) -> list[tuple[dict[str, Any], in
     return out
 
 
+def unpaired(messages: Sequence[dict[str, Any]]) -> int:
+    """How many tool calls lack their result right after them, plus results without their call."""
+    bad, i = 0, 0
+    while i < len(messages):
+        m = messages[i]
+        if m.get("role") == "tool":
+            bad += 1
+            i += 1
+            continue
+        ids = [c.get("id") for c in m.get("tool_calls") or ()]
+        if m.get("role") == "assistant" and ids:
+            following = messages[i + 1:i + 1 + len(ids)]
+            answered = [x.get("tool_call_id") for x in following if x.get("role") == "tool"]
+            bad += sum(1 for cid in ids if cid not in answered)
+            i += 1 + len(answered)
+            continue
+        i += 1
+    return bad
+
+
 def project(
     events: Sequence[Event],
     system_prompt: str,
-    count_message: Callable[[dict[str, Any], int | None], int] | None = None,
+    count_message: Callable[[dict[str, Any], int | None, str], int] | None = None,
+    clearing: Clearing | None = None,
 ) -> SendView:
-    """The S1 send view: the system layer, then every event as a raw message."""
-    def count(msg: dict[str, Any], uid: int | None) -> int:
-        return count_message(msg, uid) if count_message else message_tokens(msg)
+    """The send view: the system layer, then every event as a raw message, with S2 applied."""
+    def count(msg: dict[str, Any], uid: int | None, form: str) -> int:
+        return count_message(msg, uid, form) if count_message else message_tokens(msg)
 
+    clearing = clearing or Clearing()
     system = {"role": "system", "content": system_prompt}
     messages: list[dict[str, Any]] = [system]
     uids: list[int | None] = [None]
-    layers = [Layer("system", None, None, count(system, None), messages=1)]
-    paired = pair_tool_messages(events)
-    if paired:
+    forms = ["full"]
+    layers = [Layer("system", None, None, count(system, None, "full"), messages=1)]
+    items, stats = apply(pair_tool_messages(events), clearing)
+    if items:
         tokens = 0
-        for msg, uid in paired:
+        for msg, uid, form in items:
             messages.append(msg)
             uids.append(uid)
-            tokens += count(msg, uid)
-        layers.append(Layer("raw", events[0].uid, events[-1].uid, tokens, messages=len(paired)))
-    return SendView(messages, layers, uids)
+            forms.append(form)
+            tokens += count(msg, uid, form)
+        layers.append(Layer("raw", events[0].uid, events[-1].uid, tokens, messages=len(items)))
+    return SendView(messages, layers, uids, forms, clearing.key, stats)

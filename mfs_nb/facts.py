@@ -1,0 +1,148 @@
+"""The fact track (DESIGN §4, seed 000 §4.5): exact lines that must never be paraphrased.
+
+Deterministic, zero LLM. A *fact line* is a line (or, in prose, a sentence) that carries an error
+string, a command, a path or URL, or a number with a unit, an amount, a date or an identifier —
+in English or Chinese. Lines are kept word for word, cut only when longer than 200 characters
+(head 150 + "…" + tail 50). Over budget, lines are dropped by priority
+(errors > commands > paths > numbers), and the number dropped is reported.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from .tokens import estimate_tokens
+
+ERROR, COMMAND, PATH, NUMBER = 0, 1, 2, 3
+KIND_NAMES = {ERROR: "error", COMMAND: "command", PATH: "path", NUMBER: "number"}
+
+LINE_CHARS, HEAD, TAIL = 200, 150, 50
+
+_ERROR = re.compile(
+    r"(?:\b[A-Z][A-Za-z]*(?:Error|Exception|Failure)\b|Traceback|\bFAILED\b|\bfailed\b|\bfatal\b|\bpanic\b"
+    r"|\berror\b|\bERROR\b|\bwarning:|\*\* \(|exit (?:code|status) [1-9]|错误|失败|异常|报错)"
+)
+_COMMAND = re.compile(
+    r"(?:^\s*[$>#]\s+\S|`[^`\n]{2,}`|^\s*(?:sudo\s+)?(?:pip3?|python3?|pytest|npm|npx|yarn|pnpm|node|git|mix|iex|"
+    r"cargo|go|docker|kubectl|make|cmake|curl|wget|ls|cd|cat|grep|rg|sed|awk|find|cp|mv|rm|mkdir|chmod|ssh|scp|"
+    r"uv|poetry|conda|brew|apt(?:-get)?|psql|mysql|redis-cli|jupyter|ipython|mfs-nb|bash|sh|zsh)\b[ \t]+\S)",
+    re.M,
+)
+_PATH = re.compile(
+    r"(?:https?://\S+|(?:~|\.{1,2})?/?(?:[\w.@-]+/)+[\w.@-]+|\b[\w-]+\.(?:py|ipynb|ex|exs|erl|js|mjs|ts|tsx|jsx|"
+    r"json|ya?ml|toml|ini|cfg|md|rst|txt|csv|tsv|parquet|sql|sh|rs|go|java|kt|c|h|cc|cpp|hpp|rb|php|html|css|"
+    r"lock|log|xml|env)\b(?::\d+)?)"
+)
+_NUMBER = re.compile(
+    r"(?:[$€£¥￥]\s?\d|\d[\d,._]*\s?(?:%|‰|ms|µs|us|ns|s|sec|secs|seconds?|min|minutes?|h|hrs?|hours?|days?|"
+    r"weeks?|months?|years?|[KMGT]i?B|[kKMG]\b|bytes?|tokens?|req/s|qps|rps|rows?|cols?|items?|files?|tests?|"
+    r"users?|connections?|replicas?|cores?|GHz|MHz|px|pt|em|km|m|cm|mm|kg|g|mg|lbs?|USD|EUR|CNY|RMB|dollars?|"
+    r"元|块|万|亿|千|百|美元|人民币|公里|米|厘米|千克|公斤|克|小时|分钟|秒|天|周|年|月|日|号|点|岁|个|次|张|间|人|家|"
+    r"层|星|分|度|倍)|\b\d{4}-\d{1,2}-\d{1,2}\b|\b\d{1,2}:\d{2}\b|\d{4}年\d{1,2}月|\b\d{3,4}[-\s]\d{3,4}[-\s]?\d{0,4}\b"
+    r"|\b[A-Z]{2,}[-_]?\d{2,}\b|\b[0-9a-f]{7,40}\b|\b\d[\d,.]*\b|[零一二三四五六七八九十百千万亿]+[元万亿个次天年月日号])"
+)
+_SENTENCE = re.compile(r"(?<=[.!?。！？；;])\s+|(?<=[。！？；])")
+
+
+@dataclass(frozen=True)
+class Fact:
+    """One fact line, with the most important kind it carries and the uid it came from."""
+
+    text: str
+    kind: int
+    uid: int | None = None
+
+
+def classify(line: str) -> int | None:
+    """The highest-priority fact kind in `line`, or None when it carries no fact."""
+    if _ERROR.search(line):
+        return ERROR
+    if _COMMAND.search(line):
+        return COMMAND
+    if _PATH.search(line):
+        return PATH
+    if _NUMBER.search(line):
+        return NUMBER
+    return None
+
+
+def cut(line: str) -> str:
+    """A line longer than 200 characters keeps its first 150 and last 50, joined by '…'."""
+    return line if len(line) <= LINE_CHARS else line[:HEAD] + "…" + line[-TAIL:]
+
+
+def _units(text: str) -> Iterable[str]:
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if len(line) <= LINE_CHARS:
+            yield line
+            continue
+        for sentence in _SENTENCE.split(line):  # prose: one fact per sentence, not per paragraph
+            sentence = sentence.strip()
+            if sentence:
+                yield sentence
+
+
+def extract(text: str, uid: int | None = None) -> list[Fact]:
+    """Fact lines of one text, in order of appearance, without duplicates."""
+    seen: set[str] = set()
+    out = []
+    for unit in _units(text):
+        kind = classify(unit)
+        if kind is None:
+            continue
+        line = cut(unit)
+        if line not in seen:
+            seen.add(line)
+            out.append(Fact(line, kind, uid))
+    return out
+
+
+@dataclass
+class FactList:
+    """The fact track of one segment: kept lines in order, and how many were dropped."""
+
+    facts: list[Fact] = field(default_factory=list)
+    dropped: int = 0
+
+    def render(self) -> str:
+        lines = [f"- {f.text}" + (f" [#{f.uid}]" if f.uid is not None else "") for f in self.facts]
+        if self.dropped:
+            lines.append(f"- ({self.dropped} more fact lines dropped for the budget; recall the uid range)")
+        return "\n".join(lines)
+
+
+def budgeted(facts: Iterable[Fact], max_lines: int = 40, max_tokens: int = 2400) -> FactList:
+    """Keep facts within the budget: lower-priority kinds go first, and within a kind the older
+    lines go first; the kept lines stay in their original order."""
+    unique: list[Fact] = []
+    seen: set[str] = set()
+    for f in facts:
+        if f.text not in seen:
+            seen.add(f.text)
+            unique.append(f)
+    order = sorted(range(len(unique)), key=lambda i: (unique[i].kind, -i))
+    keep: set[int] = set()
+    tokens = 0
+    for i in order:
+        cost = estimate_tokens(unique[i].text) + 6
+        if len(keep) < max_lines and tokens + cost <= max_tokens:
+            keep.add(i)
+            tokens += cost
+    return FactList([unique[i] for i in sorted(keep)], len(unique) - len(keep))
+
+
+def tool_digest(text: str, head: int = 400, tail: int = 200, max_facts: int = 12) -> str:
+    """The compressor's view of a tool result (seed 000 §3.4): head 400 + tail 200 characters plus
+    its first 12 fact lines. Deterministic; short results pass unchanged."""
+    if len(text) <= head + tail + 50:
+        return text
+    facts = [f.text for f in extract(text)[:max_facts]]
+    out = text[:head] + f"\n[… {len(text) - head - tail:,} chars elided …]\n" + text[-tail:]
+    if facts:
+        out += "\n[fact lines]\n" + "\n".join(facts)
+    return out
