@@ -185,6 +185,19 @@ class MfsMagics(Magics, Configurable):
             for notice in notices:
                 print(notice)
 
+    # -- %compact ------------------------------------------------------------------------
+    @line_magic
+    def compact(self, line: str) -> None:
+        """Compact the conversation now: %compact [focus instructions for the summary]."""
+        try:
+            notices = self.get_session().compact(line.strip())
+        except MfsError as exc:
+            _error(exc)
+            return
+        for notice in notices:
+            print(notice)
+        print(self.get_session().usage().status_line())
+
     # -- %recall -------------------------------------------------------------------------
     @line_magic
     def recall(self, line: str) -> None:

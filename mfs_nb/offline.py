@@ -29,8 +29,10 @@ _CHAT_REPLY = (
 
 def offline_reply(messages: list[dict[str, Any]]) -> str:
     """The text the offline default answers with: chat notice or extractive summary."""
-    if any(SUMMARY_MARKER in (m.get("content") or "") for m in messages if m.get("role") == "system"):
-        return extractive_summary(messages)
+    last = (messages[-1].get("content") or "") if messages else ""
+    if messages and messages[-1].get("role") == "user" and last.lstrip().startswith(SUMMARY_MARKER):
+        target = re.search(r"about (\d+) tokens", last)
+        return extractive_summary(messages[:-1], int(target.group(1)) if target else 1000)
     users = [m for m in messages if m.get("role") == "user"]
     last = (users[-1].get("content") or "") if users else ""
     return _CHAT_REPLY.format(n=len([m for m in messages if m.get("role") != "system"]), chars=f"{len(last):,}")
@@ -39,20 +41,30 @@ def offline_reply(messages: list[dict[str, Any]]) -> str:
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
 
 
-def extractive_summary(messages: list[dict[str, Any]]) -> str:
-    """One bullet per non-system message: its first sentence, cut to 160 characters."""
-    bullets = []
-    for m in messages:
-        if m.get("role") == "system":
+def extractive_summary(messages: list[dict[str, Any]], target_tokens: int = 1000) -> str:
+    """Deterministic extractive guide: the first sentence (≤ 160 chars) of each user and assistant
+    message, user messages first when the target does not fit them all; original order kept."""
+    picked: list[tuple[int, str]] = []
+    for i, m in enumerate(messages):
+        if m.get("role") not in ("user", "assistant"):
             continue
         text = " ".join((m.get("content") or "").split())
-        if not text:
+        if not text or text.startswith("(continuing"):
             continue
         first = _SENTENCE.split(text, maxsplit=1)[0]
         if len(first) > 160:
             first = first[:159] + "…"
-        bullets.append(f"- {m.get('role')}: {first}")
-    return "\n".join(bullets) or "- (nothing to summarize)"
+        picked.append((i, f"- {m.get('role')}: {first}"))
+    order = sorted(picked, key=lambda p: (messages[p[0]].get("role") != "user", p[0]))
+    kept, used = set(), 0
+    for i, line in order:
+        cost = estimate_tokens(line) + 1
+        if used + cost > target_tokens:
+            continue
+        kept.add(i)
+        used += cost
+    lines = [line for i, line in picked if i in kept]
+    return "\n".join(lines) or "- (nothing to summarize)"
 
 
 def _usage(messages: list[dict[str, Any]], reply: str) -> dict[str, int]:

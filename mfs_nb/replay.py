@@ -119,6 +119,7 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
 
     tmp = None if store else tempfile.mkdtemp(prefix="mfs-replay-")
     try:
+        settings.setdefault("background_compaction", False)  # in line, so a replay is deterministic
         s = Session(session, store=store or tmp, model=model, window_tokens=window, **settings)
         if s.events:
             raise InputError(f"session {session!r} in {s.store.uri} already has events; use an empty --store")
@@ -145,8 +146,7 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
                              name=msg.name, new_turn=msg.role == "user", origin=msg.role)
             uids[str(index)] = event.uid
         final = s.send_view()
-        raw = final.raw_uids()
-        total = len(s.events)
+        coverage = s.coverage()
         if keep:
             keep(s)
         return {
@@ -155,7 +155,8 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
             "uids": uids,
             "calls": calls,
             "final_view": {"messages": final.messages, "layers": [layer.to_json() for layer in final.layers]},
-            "coverage": {"uids_total": total, "raw": len(raw), "in_segments": 0, "lost": total - len(raw)},
+            "coverage": coverage,
+            "segments": [x.to_json() for x in s.compactor.segments],
             "ledger": s.ledger(),
         }
     finally:

@@ -21,16 +21,18 @@ from typing import Any, Protocol
 
 from . import clearing
 from .clearing import Clearing
-from .errors import ConfigError, InputError, MfsError
+from .compaction import Compactor
+from .errors import ConfigError, InputError, MfsError, PromptTooLong
 from .events import Event, clean_text
 from .llm import LLM, Completion, default_endpoints, is_offline, missing_key, model_window, redact
 from .meter import Meter
+from .segments import Segment
 from .settings import Settings, from_environment
 from .store import Store, UidConflict, now_iso
 from .tokens import estimate_tokens, message_tokens
 from .tools import RECALL_DESCRIPTION, RECALL_SCHEMA, Tool, call_tool, format_events, parse_range
 from .usage import TIERS, ContextProfile, Usage, human
-from .view import SendView, project
+from .view import SendView, drop_oldest_rounds, project
 
 DEFAULT_WINDOW = 128_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -38,6 +40,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 MAX_MESSAGE_SHARE = 0.5
 # Another kernel appending to the same session makes our uid stale; we reload and retry.
 _WRITE_ATTEMPTS = 20
+PTL_TRIES = 3
 
 
 class ChatModel(Protocol):
@@ -126,6 +129,7 @@ class Session:
         # S2 boundaries are declared by clearing rows in the ledger; the newest one is in force.
         self._clear_before = int(last_clearing["clear_before"]) if last_clearing else 0
         self._prune_before = int(last_clearing["prune_before"]) if last_clearing else 0
+        self.compactor = Compactor(self)
         if self.settings.window_tokens:
             self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
 
@@ -204,6 +208,10 @@ class Session:
                tool_call_id: str = "", name: str = "", new_turn: bool = False) -> Event:
         """Append one event to the log and persist it before returning. Never rewrites anything."""
         with self._lock:
+            # a tool-only round (the model answering tool results) registers a turn start too,
+            # so the cold range can be cut there without separating a call from its result
+            if role == "assistant" and self._events and self._events[-1].role == "tool":
+                new_turn = True
             for attempt in range(_WRITE_ATTEMPTS):
                 turn = self.turn + 1 if new_turn or not self._events else self.turn
                 event = Event(
@@ -246,9 +254,9 @@ class Session:
     # -- projection and pressure -----------------------------------------------------------
     def _count(self, message: dict[str, Any], uid: int | None, form: str = "full") -> int:
         """Estimated tokens of one payload message; (uid, form) identifies its bytes, so it is cached."""
-        if uid is None:
+        if uid is None and form == "full":
             return message_tokens(message)
-        key = (uid, form)
+        key = (uid if uid is not None else -1, form)  # segments and notes are keyed by their form
         cached = self._token_cache.get(key)
         if cached is None:
             cached = self._token_cache[key] = message_tokens(message)
@@ -256,7 +264,8 @@ class Session:
 
     def send_view(self, clearing: Clearing | None = None) -> SendView:
         """The exact payload the next model call would receive, and its layers."""
-        return project(self._events, self._system(), self._count, clearing or self.clearing_state())
+        return project(self._events, self._system(), self._count, clearing or self.clearing_state(),
+                       self.compactor.segments, self.compactor.evicted)
 
     def clearing_state(self) -> Clearing:
         """Where S2 acts in the send view now: trim size from the window, boundaries from the ledger."""
@@ -304,9 +313,17 @@ class Session:
         The tier comes from the same `Usage` the status line shows (DESIGN §2.8)."""
         view = self.send_view()
         usage = self.usage(view)
-        notices: list[str] = []
+        notices: list[str] = list(self.compactor.recovered)
+        self.compactor.recovered.clear()
         if self.settings.tool_clearing and TIERS.index(usage.tier) >= TIERS.index("warn"):
-            view, usage, notices = self._clear_tool_results(view, usage)
+            view, usage, cleared = self._clear_tool_results(view, usage)
+            notices += cleared
+        if self.settings.auto_compaction:
+            acted = self.compactor.on_tier(usage.tier, synchronous_background=not self.settings.background_compaction)
+            if acted:
+                notices += acted
+                view = self.send_view()
+                usage = self.usage(view)
         notices += self._act_on_tier(usage)
         self._last_prefix_ratio = self._prefix_ratio(view)
         self._last_payload = view.messages
@@ -349,15 +366,35 @@ class Session:
             text += f" and stubbed the long arguments of {after.pruned - before.pruned} old tool calls"
         return new_view, new_usage, [text]
 
+    def compact(self, focus: str = "") -> list[str]:
+        """Compact now (`%compact [focus]`): the same path as the automatic one. Returns notices;
+        "nothing to compact" when there is nothing."""
+        with self._lock:
+            return self.compactor.compact(self.usage().tier, "manual", focus, manual=True)
+
+    @property
+    def segments(self) -> list[Segment]:
+        """Committed segments still in the payload, oldest first."""
+        return list(self.compactor.segments)
+
+    def coverage(self) -> dict[str, int]:
+        """Every uid is raw in the payload, inside a segment, or in an evicted (recorded) range."""
+        view = self.send_view()
+        raw = view.raw_uids()
+        spans = [(x.uid_from, x.uid_to) for x in self.compactor.segments] + list(self.compactor.evicted)
+        in_segments = sum(1 for e in self._events if e.uid not in raw and any(a <= e.uid <= b for a, b in spans))
+        total = len(self._events)
+        return {"uids_total": total, "raw": len(raw), "in_segments": in_segments,
+                "lost": total - len(raw) - in_segments}
+
     def _act_on_tier(self, usage: Usage) -> list[str]:
-        """Tier hooks. Full send (S1) has nothing to shed yet, so it says where the context stands,
-        once per tier change, and what the user can do at the hard line."""
+        """Says where the context stands, once per tier change (the ledger keeps a row)."""
         previous, self._last_tier = self._last_tier, usage.tier
-        if usage.tier == previous or usage.tier == "ok":
+        if usage.tier == previous or usage.tier == "ok" or TIERS.index(usage.tier) < TIERS.index(previous):
             return []
         text = f"context at {usage.tokens / usage.effective:.0%} of the usable window (tier {usage.tier})"
-        if usage.tier == "hard":
-            text += "; the provider may soon refuse the request: start a fresh session with %mfs new NAME"
+        if usage.tier == "hard" and not self.settings.auto_compaction:
+            text += "; automatic compaction is off: run %compact, or start a fresh session with %mfs new NAME"
         self._log("tier", tier=usage.tier, tokens=usage.tokens, effective=usage.effective)
         return [text]
 
@@ -390,12 +427,12 @@ class Session:
                 notices.extend(plan.notices)
                 last_round = round_no == self.settings.max_tool_rounds
                 try:
-                    completion = self.llm.complete(plan.view.messages, tools=None if last_round else (schemas or None),
-                                                   stream=stream, on_delta=on_delta, on_reset=on_reset)
+                    completion, sent = self._call_with_ptl_retry(plan, None if last_round else (schemas or None),
+                                                                 stream, on_delta, on_reset, notices)
                 except MfsError as exc:
                     self._log("failure", tier=plan.usage.tier, error=redact(str(exc)), uid=user.uid)
                     raise
-                notices.extend(self.observe_usage(plan.view, completion.usage))
+                notices.extend(self.observe_usage(sent, completion.usage))
                 assistant = self.record("assistant", completion.text, tool_calls=completion.tool_calls or None)
                 uids.append(assistant.uid)
                 if not completion.tool_calls:
@@ -407,6 +444,33 @@ class Session:
                     uids.append(event.uid)
             assert completion is not None
             return Reply(completion.text, self.usage(), completion.usage, notices, uids, completion.endpoint)
+
+    def _call_with_ptl_retry(self, plan: CallPlan, tools: list[dict[str, Any]] | None, stream: bool,
+                             on_delta: Callable[[str], None] | None, on_reset: Callable[[], None] | None,
+                             notices: list[str]) -> tuple[Completion, SendView]:
+        """Prompt-too-long: drop the oldest rounds of this request only (the log keeps them) until the
+        gap the provider named is covered, else 20 % of the rounds; at most 3 tries."""
+        view = plan.view
+        for attempt in range(PTL_TRIES + 1):
+            try:
+                return self.llm.complete(view.messages, tools=tools, stream=stream, on_delta=on_delta,
+                                         on_reset=on_reset), view
+            except PromptTooLong as exc:
+                if attempt == PTL_TRIES:
+                    raise PromptTooLong(f"the request is still too long after {PTL_TRIES} retries ({exc}); "
+                                        "run %compact or start a fresh session with %mfs new NAME") from None
+                starts = {e.uid for e in self._events if e.turn_start}
+                smaller = drop_oldest_rounds(view, self.token_counts(view), starts, exc.gap_tokens)
+                if smaller is None:
+                    raise
+                dropped = smaller.layers[1] if len(smaller.layers) > 1 else None
+                self._log("ptl_retry", attempt=attempt + 1, gap_tokens=exc.gap_tokens,
+                          dropped_from=dropped.uid_from if dropped else None, dropped_to=dropped.uid_to if dropped else None)
+                notices.append(f"the provider said the request was too long; retried without the oldest rounds "
+                               f"(uids {dropped.uid_from}–{dropped.uid_to}, still recallable)" if dropped else
+                               "the provider said the request was too long; retried with fewer rounds")
+                view = smaller
+        raise AssertionError("unreachable")
 
     def _check_message(self, text: str | bytes) -> str:
         if isinstance(text, bytes):

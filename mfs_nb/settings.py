@@ -32,6 +32,9 @@ class Settings:
     tools: bool = True
     notebook_tools: bool = True  # inspect_variable and cell_output, when a notebook shell is present
     tool_clearing: bool = True  # S2: trim, clear and prune old tool results in the send view
+    auto_compaction: bool = True  # S3 at the warn/compress/hard lines
+    background_compaction: bool = True  # pre-compaction off the turn (replay runs it in line)
+    summary_style: str = "bullets"  # bullets | handoff
     max_tool_rounds: int = 6
     timeout_s: float = 120.0
     recall_max_events: int = 200
@@ -78,6 +81,8 @@ class Settings:
             raise ConfigError(f"max_tool_rounds={self.max_tool_rounds} is out of range (1 … 50)")
         if not 1 <= self.timeout_s <= 3600:
             raise ConfigError(f"timeout_s={self.timeout_s} is out of range (1 … 3600 seconds)")
+        if self.summary_style not in ("bullets", "handoff"):
+            raise ConfigError(f"summary_style={self.summary_style!r}: use bullets or handoff")
         if not 0.3 <= self.warn_at <= 0.85:
             raise ConfigError(f"warn_at={self.warn_at} must be between 0.3 and 0.85: thresholds may only move earlier")
         if not self.warn_at <= self.hard_at <= 0.95:

@@ -72,6 +72,17 @@ LEDGER_SCHEMA = pa.schema(
     ]
 )
 
+COMPACTIONS_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("session", pa.string()),
+        ("seq", pa.int64()),
+        ("phase", pa.string()),
+        ("time", pa.string()),
+        ("data", pa.large_string()),
+    ]
+)
+
 # A small table accumulates one fragment per write; compacting now and then keeps reads fast.
 _OPTIMIZE_EVERY = 200
 
@@ -118,6 +129,7 @@ class Store:
             self._events = self._table("events", EVENTS_SCHEMA)
             self._sessions = self._table("sessions", SESSIONS_SCHEMA)
             self._ledger = self._table("ledger", LEDGER_SCHEMA)
+            self._compactions = self._table("compactions", COMPACTIONS_SCHEMA)
         except StoreError:
             raise
         except Exception as exc:  # lancedb raises many types; the user needs one line
@@ -255,6 +267,26 @@ class Store:
                 .when_not_matched_insert_all()
                 .execute(pa.Table.from_pylist([row], schema=SESSIONS_SCHEMA))
             )
+
+    # -- compactions: the protocol of seed 004, append only ------------------------------
+    def append_compaction(self, session: str, seq: int, phase: str, data: dict[str, Any]) -> None:
+        """One protocol step (started | summary_completed | declared | finished | aborted)."""
+        row = {"key": f"{session}\x1f{seq:08d}\x1f{phase}", "session": session, "seq": seq, "phase": phase,
+               "time": now_iso(), "data": json.dumps(data, sort_keys=True, ensure_ascii=False)}
+        with self._lock:
+            (
+                self._compactions.merge_insert("key")
+                .when_not_matched_insert_all()
+                .execute(pa.Table.from_pylist([row], schema=COMPACTIONS_SCHEMA))
+            )
+
+    def load_compactions(self, session: str) -> list[dict[str, Any]]:
+        if not self._compactions.count_rows():
+            return []
+        rows = self._compactions.search().where(f"session = {_quote(session)}").limit(None).to_list()
+        order = {"started": 0, "summary_completed": 1, "declared": 2, "finished": 3, "aborted": 3}
+        rows.sort(key=lambda r: (r["seq"], order.get(r["phase"], 9)))
+        return [{"seq": r["seq"], "phase": r["phase"], "time": r["time"], **json.loads(r["data"])} for r in rows]
 
     # -- ledger ---------------------------------------------------------------------------
     def append_ledger(self, session: str, seq: int, kind: str, data: dict[str, Any]) -> dict[str, Any]:

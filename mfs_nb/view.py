@@ -108,13 +108,46 @@ def unpaired(messages: Sequence[dict[str, Any]]) -> int:
     return bad
 
 
+def drop_oldest_rounds(view: SendView, counts: Sequence[int], turn_starts: set[int],
+                       gap_tokens: int | None) -> SendView | None:
+    """A copy of `view` without its oldest raw rounds (whole turns), for a prompt-too-long retry:
+    enough to cover `gap_tokens` (with 10 % to spare), else 20 % of the rounds; never the last
+    round. A note names the dropped uids. Returns None when there is nothing left to drop."""
+    first_raw = next((i for i, u in enumerate(view.uids) if u is not None), None)
+    if first_raw is None:
+        return None
+    cuts = [i for i in range(first_raw, len(view.uids)) if view.uids[i] in turn_starts]
+    if len(cuts) < 2:
+        return None
+    if gap_tokens:
+        need, end = gap_tokens * 1.1, cuts[1]
+        for c in cuts[1:]:
+            end = c
+            if sum(counts[first_raw:c]) >= need:
+                break
+    else:
+        end = cuts[max(1, len(cuts) // 5)]
+    dropped = [u for u in view.uids[first_raw:end] if u is not None]
+    note = {"role": "user", "content": f"[uids {dropped[0]}–{dropped[-1]} were left out of this request to fit the "
+                                       "window; recall_history returns them]"}
+    messages = view.messages[:first_raw] + [note] + view.messages[end:]
+    uids = view.uids[:first_raw] + [None] + view.uids[end:]
+    forms = (view.forms or ["full"] * len(view.uids))
+    forms = forms[:first_raw] + ["ptl-note"] + forms[end:]
+    layers = [view.layers[0], Layer("dropped", dropped[0], dropped[-1], message_tokens(note), messages=1)]
+    return SendView(messages, layers, uids, forms, view.structure + ":ptl", view.clearing)
+
+
 def project(
     events: Sequence[Event],
     system_prompt: str,
     count_message: Callable[[dict[str, Any], int | None, str], int] | None = None,
     clearing: Clearing | None = None,
+    segments: Sequence[Any] = (),
+    evicted: Sequence[tuple[int, int]] = (),
 ) -> SendView:
-    """The send view: the system layer, then every event as a raw message, with S2 applied."""
+    """The send view: system, the note for evicted segment maps, the segment block (oldest first),
+    then every event not covered, raw, with S2 applied."""
     def count(msg: dict[str, Any], uid: int | None, form: str) -> int:
         return count_message(msg, uid, form) if count_message else message_tokens(msg)
 
@@ -124,7 +157,26 @@ def project(
     uids: list[int | None] = [None]
     forms = ["full"]
     layers = [Layer("system", None, None, count(system, None, "full"), messages=1)]
-    items, stats = apply(pair_tool_messages(events), clearing)
+    covered_to = 0
+    if evicted:
+        from .segments import evicted_note
+
+        note = {"role": "user", "content": evicted_note(evicted)}
+        messages.append(note)
+        uids.append(None)
+        forms.append(f"evicted:{len(evicted)}:{evicted[-1][1]}")
+        layers.append(Layer("evicted", evicted[0][0], evicted[-1][1], count(note, None, forms[-1]), messages=1))
+        covered_to = evicted[-1][1]
+    for seg in segments:
+        msg = {"role": "user", "content": seg.render()}
+        messages.append(msg)
+        uids.append(None)
+        forms.append(f"segment:{seg.id}")
+        layers.append(Layer("segment", seg.uid_from, seg.uid_to, count(msg, None, forms[-1]), seg.level,
+                            seg.degraded, messages=1))
+        covered_to = max(covered_to, seg.uid_to)
+    raw = [e for e in events if e.uid > covered_to] if covered_to else list(events)
+    items, stats = apply(pair_tool_messages(raw), clearing)
     if items:
         tokens = 0
         for msg, uid, form in items:
@@ -132,5 +184,6 @@ def project(
             uids.append(uid)
             forms.append(form)
             tokens += count(msg, uid, form)
-        layers.append(Layer("raw", events[0].uid, events[-1].uid, tokens, messages=len(items)))
-    return SendView(messages, layers, uids, forms, clearing.key, stats)
+        layers.append(Layer("raw", raw[0].uid, raw[-1].uid, tokens, messages=len(items)))
+    structure = f"{clearing.key}:seg:{segments[-1].id if segments else 0}:ev:{len(evicted)}"
+    return SendView(messages, layers, uids, forms, structure, stats)

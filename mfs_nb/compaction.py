@@ -1,0 +1,404 @@
+"""S3 compaction over the append-only log (DESIGN §3 S3, §6 first paragraph, §7; seed 004).
+
+One implementation behind three entry points (automatic tiers, `%compact`, `Session.compact`).
+Each segment is committed through a protocol appended to the store:
+
+    started (takes the lock) → summary_completed → declared (the only row the projection
+    honours) → finished (releases)      — or aborted, with the reason.
+
+A `started` without `finished`/`aborted` after a crash is a dirty lock: it is reported and
+cleaned when the session loads; a declaration that was written is complete and stays.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from . import segments as seg
+from .errors import MfsError
+from .events import Event
+from .segments import Segment
+from .usage import TIERS, human
+
+if TYPE_CHECKING:
+    from .session import Session
+
+KEEP_TAIL = 0.25  # share of the usable window kept raw as the recent tail
+TARGET_AFTER = 0.55  # a compaction event goes on until pressure is under this share
+BLOCK_SHARE = 0.35  # the segment block may take this share before its oldest maps are evicted
+BREAKER = 3  # consecutive summarizer failures before automatic LLM compaction stops
+REFILL_CALLS = 2  # a compaction needed again within this many calls is a rapid refill
+
+
+@dataclass
+class Pending:
+    """A background pre-compaction: the snapshot it works on and, when done, its segment."""
+
+    seq: int
+    events: list[Event]
+    done: threading.Event = field(default_factory=threading.Event)
+    segment: Segment | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+    cancelled: bool = False
+
+
+class Compactor:
+    """Segments of one session and the machinery that makes them."""
+
+    def __init__(self, session: Session):
+        self.s = session
+        self.segments: list[Segment] = []
+        self.evicted: list[tuple[int, int]] = []
+        self.failures = 0
+        self.breaker_open = False
+        self.calls = 0
+        self.last_compaction_call = -10**9
+        self.refill_skipped = False
+        self.pending: Pending | None = None
+        self._lock = threading.Lock()
+        self.recovered: list[str] = []
+        self.upgrade_done = False
+        self._load()
+
+    # -- state from the store -------------------------------------------------------------
+    def _load(self) -> None:
+        rows = self.s.store.load_compactions(self.s.name)
+        by_seq: dict[int, dict[str, dict[str, Any]]] = {}
+        for r in rows:
+            by_seq.setdefault(r["seq"], {})[r["phase"]] = r
+        self.seq = max(by_seq, default=0)
+        for number in sorted(by_seq):
+            phases = by_seq[number]
+            declared = phases.get("declared")
+            if declared:
+                self._honour(declared)
+            if "started" in phases and not ({"finished", "aborted"} & phases.keys()):
+                done = "finished" if declared else "aborted"
+                self.s.store.append_compaction(self.s.name, number, done, {"recovered": True})
+                note = (f"recovered an interrupted compaction (#{number}): "
+                        + ("its declaration was complete and stays" if declared else "nothing half-done was kept"))
+                self.recovered.append(note)
+                self.s._log("recovered", seq=number, declared=bool(declared))
+
+    def _honour(self, row: dict[str, Any]) -> None:
+        if row.get("type") == "upgrade":
+            new = Segment.from_json(row["segment"])
+            self.segments = [new if x.uid_from == new.uid_from and x.uid_to == new.uid_to else x for x in self.segments]
+            return
+        if row.get("type") == "evict":
+            ids = set(row["segment_ids"])
+            gone = [x for x in self.segments if x.id in ids]
+            self.segments = [x for x in self.segments if x.id not in ids]
+            for x in gone:
+                if self.evicted and self.evicted[-1][1] + 1 >= x.uid_from:
+                    self.evicted[-1] = (self.evicted[-1][0], x.uid_to)
+                else:
+                    self.evicted.append((x.uid_from, x.uid_to))
+        else:
+            self.segments.append(Segment.from_json(row["segment"]))
+
+    @property
+    def covered_to(self) -> int:
+        ends = [x.uid_to for x in self.segments] + [b for _, b in self.evicted]
+        return max(ends, default=0)
+
+    def raw(self) -> list[Event]:
+        covered = self.covered_to
+        return [e for e in self.s._events if e.uid > covered]
+
+    # -- the range -----------------------------------------------------------------------
+    def choose(self, effective: int, emergency: bool = False, small_ok: bool = False) -> tuple[list[Event], str]:
+        """The cold range. `emergency` (hard line, nothing else fits) and `small_ok` (a manual
+        %compact): keep only the current turn and accept any size."""
+        raw = self.raw()
+        target_lo = min(seg.TARGET_MIN, int(0.1 * effective))
+        min_tokens = 1 if emergency or small_ok else int(min(max(2_000, 2 * target_lo), 0.2 * effective))
+        keep = 0 if emergency or small_ok else int(KEEP_TAIL * effective)
+        choice = seg.select_range(raw, keep, min_tokens)
+        if choice.start == choice.end:
+            return [], choice.reason
+        return raw[choice.start:choice.end], ""
+
+    def target(self, events: Sequence[Event], effective: int) -> int:
+        tokens = sum(seg.event_tokens(e) for e in events)
+        lo, hi = min(seg.TARGET_MIN, int(0.1 * effective)), min(seg.TARGET_MAX, int(0.2 * effective))
+        return max(lo, min(hi, tokens // 2))
+
+    # -- making one segment ----------------------------------------------------------------
+    def summarize(self, events: Sequence[Event], effective: int, focus: str = "") -> tuple[str | None, dict[str, Any]]:
+        """Ask the model for the prose guide; (None, info) on any failure or unusable output."""
+        target = self.target(events, effective)
+        info: dict[str, Any] = {"target": target, "style": self.s.settings.summary_style, "llm_tokens": 0}
+        if self.breaker_open:
+            info["error"] = "circuit breaker open: automatic LLM compaction is off for this session"
+            return None, info
+        messages = [{"role": "system", "content": self.s._system()}, *seg.compressor_messages(events),
+                    {"role": "user", "content": seg.instruction(self.s.settings.summary_style, events[0].uid,
+                                                                events[-1].uid, target, focus)}]
+        info["envelope"] = {"model": self.s.settings.model, "messages": len(messages), "tools": False}
+        started = time.monotonic()
+        try:
+            completion = self.s.llm.complete(messages, tools=None, stream=False)
+        except MfsError as exc:
+            info["error"] = str(exc)
+            return None, info
+        except Exception as exc:  # the summarizer must never break the turn
+            info["error"] = f"{type(exc).__name__}: {exc}"
+            return None, info
+        info["duration_s"] = round(time.monotonic() - started, 3)
+        usage = completion.usage or {}
+        info["llm_tokens"] = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+        prose = seg.clean_summary(completion.text)
+        if prose is None:
+            info["error"] = "empty or error-like summary; not committed"
+        return prose, info
+
+    def make(self, seq: int, events: list[Event], effective: int, focus: str = "") -> tuple[Segment, dict[str, Any]]:
+        prose, info = self.summarize(events, effective, focus)
+        if prose is None and not self.breaker_open:
+            info["breaker"] = self._failed()
+        elif prose is not None:
+            self.failures = 0
+        segment = seg.build(seq, events, prose)
+        self.s.store.append_compaction(self.s.name, seq, "summary_completed", {
+            "content": segment.prose, "covered": [segment.uid_from, segment.uid_to], "tokens": segment.tokens,
+            "degraded": segment.degraded, "envelope": info.get("envelope"), "error": info.get("error")})
+        return segment, info
+
+    # -- committing ------------------------------------------------------------------------
+    def commit(self, segment: Segment) -> str | None:
+        """Atomic commit: the covered uids still start right after the covered prefix, are
+        contiguous, and their hashes are unchanged. Returns the rejection reason, or None."""
+        covered = [e for e in self.s._events if segment.uid_from <= e.uid <= segment.uid_to]
+        if segment.uid_from != self.covered_to + 1 and not (self.covered_to == 0 and covered
+                                                            and covered[0].uid == self.s._events[0].uid):
+            return f"range {segment.uid_from}–{segment.uid_to} no longer follows the covered prefix"
+        if [e.uid for e in covered] != list(range(segment.uid_from, segment.uid_to + 1)):
+            return "covered uids are not contiguous"
+        if seg.covered_hash(covered) != segment.covered_hash:
+            return "covered events changed since the snapshot"
+        self.s.store.append_compaction(self.s.name, segment.id, "declared", {"segment": segment.to_json()})
+        self.segments.append(segment)
+        return None
+
+    def upgrade_last_degraded(self, effective: int) -> str | None:
+        """Catch-up, once per session: at a compaction event, re-summarize the newest degraded
+        segment still in the payload and replace it only if the LLM version is strictly shorter.
+        A failed attempt counts toward the circuit breaker like any summarizer failure."""
+        degraded = [x for x in self.segments if x.degraded]
+        if self.breaker_open or self.upgrade_done or not degraded:
+            return None
+        old = degraded[-1]
+        events = [e for e in self.s._events if old.uid_from <= e.uid <= old.uid_to]
+        prose, info = self.summarize(events, effective)
+        if prose is None:
+            self._failed()
+            return None
+        self.failures = 0
+        new = seg.build(old.id, events, prose)
+        if new.tokens >= old.tokens or new.covered_hash != old.covered_hash:
+            return None
+        self.upgrade_done = True
+        seq = self.next_seq()
+        self.s.store.append_compaction(self.s.name, seq, "started", {"trigger": "upgrade", "segment": old.id})
+        self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "upgrade", "segment": new.to_json()})
+        self.s.store.append_compaction(self.s.name, seq, "finished", {})
+        self._honour({"type": "upgrade", "segment": new.to_json()})
+        self.s._log("upgrade", segment=old.id, tokens_before=old.tokens, tokens_after=new.tokens,
+                    llm_tokens=info.get("llm_tokens", 0))
+        return f"segment #{old.id} upgraded from its zero-LLM form: {human(old.tokens)} → {human(new.tokens)} tokens"
+
+    def _failed(self) -> bool:
+        """Count a summarizer failure; True when this one opened the breaker."""
+        self.failures += 1
+        if self.failures >= BREAKER and not self.breaker_open:
+            self.breaker_open = True
+            self.s._log("breaker_open", failures=self.failures)
+            return True
+        return False
+
+    def evict_if_needed(self, effective: int) -> list[Segment]:
+        """Bounded block: while the block is over its share, the oldest maps leave the payload.
+        The eviction is declared like a segment (its own protocol entry), so a restart agrees."""
+        gone: list[Segment] = []
+        while len(self.segments) > 1 and sum(x.tokens for x in self.segments) > BLOCK_SHARE * effective:
+            gone.append(self.segments[0])
+            self._honour({"type": "evict", "segment_ids": [self.segments[0].id]})
+        if gone:
+            seq = self.next_seq()
+            ids = [x.id for x in gone]
+            self.s.store.append_compaction(self.s.name, seq, "started", {"trigger": "evict", "segment_ids": ids})
+            self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "evict", "segment_ids": ids})
+            self.s.store.append_compaction(self.s.name, seq, "finished", {})
+        return gone
+
+    # -- one compaction event ----------------------------------------------------------------
+    def next_seq(self) -> int:
+        with self._lock:
+            self.seq += 1
+            return self.seq
+
+    def compact(self, tier: str, reason: str, focus: str = "", *, manual: bool = False,
+                only_ready: bool = False) -> list[str]:
+        """Commit what the background made, then make and commit segments until pressure is under
+        the target or nothing is left. `only_ready`: commit the finished background result only."""
+        s = self.s
+        before = s.usage()
+        effective = before.effective
+        notices: list[str] = []
+        made: list[Segment] = []
+        llm_tokens = 0
+        started = time.monotonic()
+        upgraded = self.upgrade_last_degraded(effective)
+        if upgraded:
+            notices.append(upgraded)
+        ready = self.take_pending(wait=not only_ready)
+        if ready:
+            made.append(ready[0])
+            llm_tokens += ready[1].get("llm_tokens", 0)
+            notices += self._notes(ready[0], ready[1], tier)
+        while not only_ready and s.usage().tokens >= TARGET_AFTER * effective or manual and not made:
+            events, why = self.choose(effective, small_ok=manual)
+            if not events and s.usage().tier == "hard":
+                events, why = self.choose(effective, emergency=True)
+            if not events:
+                if not made:
+                    s._log("skip", tier=tier, reason=why, trigger=reason, tokens=before.tokens)
+                    if manual:
+                        notices.append("nothing to compact" + (f" ({why.replace('_', ' ')})" if why else ""))
+                break
+            seq = self.next_seq()
+            s.store.append_compaction(s.name, seq, "started", {"trigger": reason, "tier": tier,
+                                                              "uid_from": events[0].uid, "uid_to": events[-1].uid})
+            segment, info = self.make(seq, events, effective, focus)
+            llm_tokens += info.get("llm_tokens", 0)
+            rejected = self.commit(segment)
+            if rejected:
+                s.store.append_compaction(s.name, seq, "aborted", {"reason": rejected})
+                s._log("commit_rejected", tier=tier, reason=rejected, uid_from=segment.uid_from, uid_to=segment.uid_to)
+                notices.append(f"compaction result dropped: {rejected}")
+                break
+            s.store.append_compaction(s.name, seq, "finished", {})
+            made.append(segment)
+            notices += self._notes(segment, info, tier)
+            manual = False
+        if made:
+            evicted = self.evict_if_needed(effective)
+            after = s.usage()
+            self.last_compaction_call = self.calls
+            uid_from, uid_to = made[0].uid_from, made[-1].uid_to
+            ids = f"#{made[0].id}" if len(made) == 1 else f"#{made[0].id}–#{made[-1].id}"
+            s._log("compaction", tier=tier, trigger=reason, tokens_before=before.tokens, tokens_after=after.tokens,
+                   llm_tokens=llm_tokens, uid_from=uid_from, uid_to=uid_to, segments=[x.id for x in made],
+                   degraded=any(x.degraded for x in made), duration_s=round(time.monotonic() - started, 3),
+                   evicted=[x.id for x in evicted])
+            notices.insert(0, f"context compacted: {human(before.tokens)} → {human(after.tokens)} "
+                              f"(segment {ids}, uids {uid_from}–{uid_to})")
+            if evicted:
+                notices.append(f"the oldest {len(evicted)} segment map{'s' if len(evicted) > 1 else ''} left the "
+                               f"payload (uids {evicted[0].uid_from}–{evicted[-1].uid_to} stay recallable)")
+        return notices
+
+    def _notes(self, segment: Segment, info: dict[str, Any], tier: str) -> list[str]:
+        """Ledger rows and notices for a degraded segment and for the breaker opening (once)."""
+        if not segment.degraded:
+            return []
+        self.s._log("degraded", tier=tier, seq=segment.id, error=info.get("error", ""), uid_from=segment.uid_from,
+                    uid_to=segment.uid_to)
+        if info.get("breaker"):
+            return ["automatic LLM compaction stopped after 3 failures in a row; history is kept with zero-LLM "
+                    "segments. Fix the model, then %compact, or start over with %mfs new NAME"]
+        if self.breaker_open:
+            return []
+        return [f"summarizer unavailable ({_short(info.get('error', ''))}); segment #{segment.id} keeps verbatim "
+                "heads, tails and fact lines instead"]
+
+    # -- background pre-compaction -----------------------------------------------------------
+    def start_background(self, effective: int, synchronous: bool) -> bool:
+        """At the warn line: compress cold history into an L0 segment from a snapshot, off the turn."""
+        if self.pending is not None or self.breaker_open:
+            return False
+        events, _ = self.choose(effective)
+        if not events:
+            return False
+        seq = self.next_seq()
+        self.s.store.append_compaction(self.s.name, seq, "started", {"trigger": "background", "tier": "warn",
+                                                                    "uid_from": events[0].uid, "uid_to": events[-1].uid})
+        pending = Pending(seq, list(events))
+        self.pending = pending
+
+        def work() -> None:
+            try:
+                pending.segment, pending.info = self.make(seq, pending.events, effective)
+            except Exception as exc:  # the background task never breaks a turn
+                pending.info = {"error": f"{type(exc).__name__}: {exc}"}
+            finally:
+                pending.done.set()
+
+        if synchronous:
+            work()
+        else:
+            threading.Thread(target=work, daemon=True, name=f"mfs-precompact-{seq}").start()
+        return True
+
+    @property
+    def organizing(self) -> bool:
+        return self.pending is not None and not self.pending.done.is_set()
+
+    def take_pending(self, wait: bool = False) -> tuple[Segment, dict[str, Any]] | None:
+        """Commit a finished background result (or drop it with commit_rejected)."""
+        pending = self.pending
+        if pending is None or (not pending.done.is_set() and not wait):
+            return None
+        pending.done.wait()
+        self.pending = None
+        if pending.segment is None or pending.cancelled:
+            self.s.store.append_compaction(self.s.name, pending.seq, "aborted",
+                                           {"reason": pending.info.get("error", "cancelled")})
+            return None
+        rejected = self.commit(pending.segment)
+        if rejected:
+            self.s.store.append_compaction(self.s.name, pending.seq, "aborted", {"reason": rejected})
+            self.s._log("commit_rejected", tier="compress", reason=rejected, uid_from=pending.segment.uid_from,
+                        uid_to=pending.segment.uid_to)
+            return None
+        self.s.store.append_compaction(self.s.name, pending.seq, "finished", {})
+        return pending.segment, pending.info
+
+    def cancel(self) -> None:
+        """Drop the background result, whenever it finishes."""
+        if self.pending is not None:
+            self.pending.cancelled = True
+            self.take_pending(wait=True)
+
+    # -- the tier hook -----------------------------------------------------------------------
+    def on_tier(self, tier: str, synchronous_background: bool) -> list[str]:
+        """warn: pre-compact in the background; compress: commit what is ready (start it if nothing
+        is under way); hard: compact now, waiting for the background result first."""
+        self.calls += 1
+        if TIERS.index(tier) < TIERS.index("warn"):
+            return []
+        effective = self.s.usage().effective
+        if tier == "warn":
+            self.start_background(effective, synchronous_background)
+            return []
+        if tier == "compress":
+            if self.calls - self.last_compaction_call <= REFILL_CALLS and not self.refill_skipped:
+                self.refill_skipped = True
+                self.s._log("skip", tier=tier, reason="rapid_refill")
+                return ["context refilled right after a compaction; skipping one automatic compaction"]
+            self.refill_skipped = False
+            if self.pending is None:
+                self.start_background(effective, synchronous_background)
+            return self.compact(tier, "auto", only_ready=True)
+        self.refill_skipped = False
+        return self.compact(tier, "auto")
+
+
+def _short(text: str) -> str:
+    text = " ".join(str(text).split())
+    return text[:120] + ("…" if len(text) > 120 else "")

@@ -1,0 +1,206 @@
+"""S3 segments (DESIGN §3 S3, §4, seed 000 §4–5): pure functions, no model, no storage.
+
+A segment replaces a contiguous run of the log (uid_from..uid_to) in the send view. It is made
+once, from the originals only, and carries a header with its uid range, a constant honesty line
+(no digits, so it never disturbs the prefix), a prose guide and the verbatim fact list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+from typing import Any
+
+from .events import Event
+from .facts import FactList, budgeted, extract, tool_digest
+from .tokens import estimate_tokens, message_tokens
+from .view import pair_tool_messages
+
+HONESTY = ("Everything below is compressed; the originals are no longer in context. For exact numbers, "
+           "paths or quotes, call recall_history with the uid range in the header.")
+assert not re.search(r"\d", HONESTY)
+
+INPUT_CHARS = 120_000  # compressor input budget per segment
+TARGET_MIN, TARGET_MAX = 1_000, 16_000
+DEGRADED_HEAD, DEGRADED_TAIL = 120, 60
+STYLES = ("bullets", "handoff")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A committed replacement of uids uid_from..uid_to. `level` is the merge depth (0 for now)."""
+
+    id: int
+    uid_from: int
+    uid_to: int
+    prose: str
+    facts: str
+    level: int = 0
+    degraded: bool = False
+    tokens: int = 0
+    covered_hash: str = ""
+
+    def render(self) -> str:
+        text = f"[segment #{self.id} · uids {self.uid_from}–{self.uid_to}{' · degraded' if self.degraded else ''}]\n"
+        text += HONESTY + "\n\n" + self.prose.strip()
+        if self.facts.strip():
+            text += "\n\nFacts (verbatim):\n" + self.facts.strip()
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Segment:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def covered_hash(events: Sequence[Event]) -> str:
+    """Identity of a range: its uids and content hashes (the atomic-commit check compares this)."""
+    h = hashlib.sha256()
+    for e in events:
+        h.update(f"{e.uid}:{e.sha256};".encode())
+    return h.hexdigest()[:32]
+
+
+def cut_points(events: Sequence[Event]) -> list[int]:
+    """Indices where a range may start or end: registered turn starts (user cells and tool-only
+    rounds). Cutting there never separates a tool call from its result."""
+    return [i for i, e in enumerate(events) if e.turn_start]
+
+
+@dataclass(frozen=True)
+class RangeChoice:
+    start: int  # index into the raw events
+    end: int  # exclusive
+    reason: str = ""  # why nothing was chosen, when start == end
+
+
+def event_tokens(e: Event) -> int:
+    return message_tokens(e.to_message())
+
+
+def compressor_chars(e: Event) -> int:
+    return len(tool_digest(e.content)) if e.role == "tool" else len(e.content) + sum(
+        len((c.get("function") or {}).get("arguments", "")) for c in e.tool_calls)
+
+
+def select_range(raw: Sequence[Event], keep_tail_tokens: int, min_tokens: int = 2_000,
+                 input_chars: int = INPUT_CHARS) -> RangeChoice:
+    """The oldest raw events worth compressing: cut at turn starts, keep the recent tail by whole
+    turns (a last turn larger than the retention is kept whole), fit the compressor's input budget
+    and back off to a turn start; skip a range under `min_tokens` as `range_too_small`."""
+    cuts = cut_points(raw)
+    if not raw or not cuts:
+        return RangeChoice(0, 0, "nothing_raw")
+    # the tail: whole turns from the end while they fit the retention; the last turn always stays
+    tail_start = cuts[-1]
+    tokens = sum(event_tokens(e) for e in raw[tail_start:])
+    for c in reversed(cuts[:-1]):
+        extra = sum(event_tokens(e) for e in raw[c:tail_start])
+        if tokens + extra > keep_tail_tokens:
+            break
+        tokens += extra
+        tail_start = c
+    start = cuts[0]
+    if tail_start <= start:
+        return RangeChoice(0, 0, "only_current_turn")
+    # fit the compressor's input budget, then back off to a turn start
+    used, end = 0, start
+    for i in range(start, tail_start):
+        used += compressor_chars(raw[i])
+        if used > input_chars:
+            break
+        end = i + 1
+    if end < tail_start:
+        backed = max((c for c in cuts if start < c <= end), default=None)
+        if backed is None:  # a single turn larger than the budget: take it whole, the digest bounds it
+            backed = min((c for c in cuts if c > start), default=tail_start)
+        end = backed
+    if sum(event_tokens(e) for e in raw[start:end]) < min_tokens:
+        return RangeChoice(0, 0, "range_too_small")
+    return RangeChoice(start, end)
+
+
+def target_tokens(range_tokens: int) -> int:
+    """Output target: half the range, clamped to 1,000–16,000 tokens, never a fixed small number."""
+    return max(TARGET_MIN, min(TARGET_MAX, range_tokens // 2))
+
+
+def compressor_messages(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """The covered events as messages, tool results reduced to the digest, pairs kept whole."""
+    out = []
+    for message, _ in pair_tool_messages(events):
+        if message.get("role") == "tool":
+            message = {**message, "content": tool_digest(message.get("content") or "")}
+        out.append(message)
+    if out and out[0].get("role") == "assistant":
+        out.insert(0, {"role": "user", "content": "(continuing the conversation)"})
+    return out
+
+
+def instruction(style: str, uid_from: int, uid_to: int, target: int, focus: str = "") -> str:
+    if style not in STYLES:
+        raise ValueError(f"unknown summary style {style!r}; use one of {', '.join(STYLES)}")
+    text = resources.files("mfs_nb").joinpath(f"prompts/summary_{style}.md").read_text(encoding="utf-8")
+    focus_line = f"Pay particular attention to: {focus.strip()}" if focus.strip() else ""
+    return text.format(uid_from=uid_from, uid_to=uid_to, target=target, focus=focus_line).strip()
+
+
+_ERRORISH = re.compile(r"^\s*(?:error|exception|traceback|i(?:'m| am) sorry|i cannot|i can't|as an ai)\b", re.I)
+_ANALYSIS = re.compile(r"<analysis>.*?</analysis>", re.S | re.I)
+
+
+def clean_summary(text: str) -> str | None:
+    """The prose to commit, or None when the output is empty or error-like (never committed)."""
+    text = _ANALYSIS.sub("", text or "").strip()
+    text = text.replace("<<mfs:summarize>>", "").strip()
+    if len(text) < 20 or _ERRORISH.search(text):
+        return None
+    return text
+
+
+def fact_list(events: Sequence[Event], max_lines: int = 40, max_tokens: int = 2_400) -> FactList:
+    """The verbatim fact track of a range (DESIGN §4): deterministic, with its budget."""
+    facts = []
+    for e in events:
+        facts.extend(extract(e.content, e.uid))
+        for call in e.tool_calls:
+            facts.extend(extract((call.get("function") or {}).get("arguments", ""), e.uid))
+    return budgeted(facts, max_lines, max_tokens)
+
+
+def degraded_prose(events: Sequence[Event]) -> str:
+    """Zero-LLM guide: per event its first 120 and last 60 characters."""
+    lines = []
+    for e in events:
+        text = " ".join(e.content.split())
+        if not text and e.tool_calls:
+            text = "calls " + ", ".join((c.get("function") or {}).get("name", "?") for c in e.tool_calls)
+        if len(text) > DEGRADED_HEAD + DEGRADED_TAIL + 5:
+            text = text[:DEGRADED_HEAD] + " … " + text[-DEGRADED_TAIL:]
+        if text:
+            lines.append(f"- #{e.uid} {e.role}: {text}")
+    return "\n".join(lines)
+
+
+def build(segment_id: int, events: Sequence[Event], prose: str | None) -> Segment:
+    """A segment for `events`: the given prose, or the degraded guide when prose is None."""
+    facts = fact_list(events)
+    degraded = prose is None
+    body = degraded_prose(events) if degraded else prose
+    seg = Segment(segment_id, events[0].uid, events[-1].uid, body or "", facts.render(), 0, degraded, 0,
+                  covered_hash(events))
+    return Segment(**{**seg.to_json(), "tokens": estimate_tokens(seg.render()) + 4})
+
+
+def evicted_note(ranges: Sequence[tuple[int, int]]) -> str:
+    """One line naming the uid ranges whose segment maps left the payload (still recallable)."""
+    spans = ", ".join(f"{a}–{b}" for a, b in ranges)
+    return (f"[earlier history, uids {spans}, was compressed and its summaries no longer fit here; "
+            "recall_history returns the originals]")
+
+

@@ -1,0 +1,273 @@
+"""S3: segments over the append-only log — coverage, exact inputs, determinism, protocol, failures."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import FakeLLM
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mfs_nb import LLMError, PromptTooLong, Session
+from mfs_nb.events import Event
+from mfs_nb.facts import COMMAND, ERROR, NUMBER, PATH, budgeted, classify, extract
+from mfs_nb.replay import normalise, replay
+from mfs_nb.segments import HONESTY, compressor_messages, select_range
+
+
+def chatty(i: int) -> str:
+    return (f"Turn {i}: the pool for service-{i % 7} should stay under {20 + i % 10} connections; "
+            f"config lives in deploy/pool_{i}.yaml and `pytest tests/test_{i}.py` took {i * 3} ms. " * 3)
+
+
+def covered_ok(s: Session) -> None:
+    """Every uid is raw in the payload or inside exactly one segment / evicted range."""
+    raw = s.send_view().raw_uids()
+    spans = [(x.uid_from, x.uid_to) for x in s.compactor.segments] + list(s.compactor.evicted)
+    for e in s.events:
+        inside = sum(a <= e.uid <= b for a, b in spans)
+        assert (e.uid in raw) + inside == 1, f"uid {e.uid}: raw={e.uid in raw} spans={inside}"
+
+
+def test_coverage_holds_at_every_turn_over_220_turns(store_dir):
+    fake = FakeLLM(default="Noted, I will keep the pool under the limit you gave.")
+    s = Session("long", store=store_dir, window_tokens=4096, llm=fake, background_compaction=False)
+    peak = 0
+    for i in range(220):
+        s.chat(chatty(i))
+        covered_ok(s)
+        peak = max(peak, s.last_plan.usage.tokens)
+        assert s.last_plan.usage.tokens <= s.usage().effective
+    assert s.coverage()["lost"] == 0 and s.coverage()["in_segments"] > 300
+    assert [r["kind"] for r in s.ledger()].count("compaction") >= 5
+
+
+def test_input_of_each_compression_is_exactly_its_declared_range(store_dir):
+    fake = FakeLLM(default="ok then")
+    s = Session("exact", store=store_dir, window_tokens=4096, llm=fake, background_compaction=False)
+    for i in range(40):
+        s.chat(chatty(i))
+    declared = [r for r in s.store.load_compactions("exact") if r["phase"] == "declared" and "segment" in r
+                and r.get("type") != "upgrade"]
+    assert declared and len(declared) == len(fake.summaries)
+    events = {e.uid: e for e in s.events}
+    for row, request in zip(declared, fake.summaries):
+        seg = row["segment"]
+        expected = compressor_messages([events[u] for u in range(seg["uid_from"], seg["uid_to"] + 1)])
+        assert request[1:-1] == expected
+        assert request[0]["role"] == "system" and request[0]["content"] == s._system()
+
+
+def test_segment_text_has_header_honesty_line_prose_and_facts(store_dir):
+    s = Session("text", store=store_dir, window_tokens=4096, llm=FakeLLM(), background_compaction=False)
+    for i in range(30):
+        s.chat(chatty(i))
+    first = s.compactor.segments[0] if s.compactor.segments else None
+    assert first is not None
+    text = first.render()
+    assert text.startswith(f"[segment #{first.id} · uids {first.uid_from}–{first.uid_to}]\n{HONESTY}\n\n- summary of")
+    assert "Facts (verbatim):\n- " in text and "deploy/pool_" in text
+    view = s.send_view()
+    assert view.messages[1]["content"] in (text, view.messages[1]["content"])
+    assert any(layer.kind == "segment" for layer in view.layers)
+
+
+def test_replay_is_deterministic_with_the_offline_default(tmp_path):
+    msgs = []
+    for i in range(120):
+        msgs += [{"role": "user", "content": chatty(i)}, {"role": "assistant", "content": f"Answer {i}: keep it at {i % 9}."}]
+    a = replay(normalise(msgs), window=4096)
+    b = replay(normalise(msgs), window=4096)
+    assert a["segments"] and a["segments"] == b["segments"]
+    assert a["final_view"] == b["final_view"] and a["coverage"]["lost"] == 0
+    assert max(c["payload_tokens"] for c in a["calls"]) <= int(4096 * 0.835)
+
+
+def test_crash_between_started_and_finished_is_reported_and_cleaned(store_dir):
+    s = Session("crash", store=store_dir, window_tokens=4096, llm=FakeLLM(), background_compaction=False)
+    for i in range(30):
+        s.chat(chatty(i))
+    segments_before = s.segments
+    seq = s.compactor.seq + 1
+    s.store.append_compaction("crash", seq, "started", {"trigger": "auto", "uid_from": 1, "uid_to": 2})
+    s.store.append_compaction("crash", seq, "summary_completed", {"content": "half done"})
+    again = Session("crash", store=store_dir, window_tokens=4096, llm=FakeLLM())
+    assert again.segments == segments_before
+    assert any("recovered an interrupted compaction" in n for n in again.prepare_call().notices)
+    phases = [r["phase"] for r in again.store.load_compactions("crash") if r["seq"] == seq]
+    assert phases[-1] == "aborted"
+    assert again.recall(1, 2)[0].content == chatty(0)
+    assert [r["kind"] for r in again.ledger()].count("recovered") == 1
+    assert not Session("crash", store=store_dir, window_tokens=4096).compactor.recovered  # cleaned once
+
+
+def test_summarizer_failure_gives_a_degraded_segment_then_the_breaker_opens(store_dir):
+    fake = FakeLLM(summary_text=LLMError("primary endpoint failed: HTTP 503"))
+    s = Session("fail", store=store_dir, window_tokens=4096, llm=fake, background_compaction=False)
+    notices = []
+    for i in range(80):
+        notices += s.chat(chatty(i)).notices
+    degraded = [x for x in s.compactor.segments if x.degraded]
+    assert degraded and all("#" in x.prose and "Facts" in x.render() for x in degraded)
+    assert any("summarizer unavailable" in n for n in notices)
+    assert sum("automatic LLM compaction stopped" in n for n in notices) == 1
+    assert len(fake.summaries) == 3  # after the breaker opens the model is not asked again
+    assert s.coverage()["lost"] == 0
+
+
+def test_catch_up_upgrade_replaces_the_last_degraded_segment_once(store_dir):
+    fake = FakeLLM(summary_text=LLMError("down"))
+    s = Session("up", store=store_dir, window_tokens=4096, llm=fake, background_compaction=False)
+    i = 0
+    while not s.compactor.segments:
+        s.chat(chatty(i))
+        i += 1
+    assert s.compactor.segments[-1].degraded
+    fake.summary_text = "- short summary of the earlier turns: pool under 30, deploy/pool_0.yaml"
+    while not any(r["kind"] == "upgrade" for r in s.ledger()):
+        s.chat(chatty(i))
+        i += 1
+        assert i < 200
+    row = next(r for r in s.ledger() if r["kind"] == "upgrade")
+    assert row["tokens_after"] < row["tokens_before"]
+    again = Session("up", store=store_dir, window_tokens=4096)
+    assert not any(x.id == row["segment"] and x.degraded for x in again.compactor.segments + [])
+
+
+def test_manual_compact_and_nothing_to_compact(store_dir):
+    s = Session("man", store=store_dir, window_tokens=32000, llm=FakeLLM())
+    assert s.compact() == ["nothing to compact (nothing raw)"]
+    for i in range(6):
+        s.chat(chatty(i))
+    notices = s.compact("the pool limits")
+    assert notices[0].startswith("context compacted: ") and "segment #1" in notices[0]
+    assert "Pay particular attention to: the pool limits" in s.llm.summaries[-1][-1]["content"]
+    assert s.compactor.segments and s.coverage()["lost"] == 0
+
+
+def test_prompt_too_long_drops_oldest_rounds_for_that_request_only(store_dir):
+    fake = FakeLLM()
+    s = Session("ptl", store=store_dir, window_tokens=200_000, llm=fake)
+    for i in range(10):
+        s.chat(chatty(i))
+    fake.script = [PromptTooLong("too long", gap_tokens=300), "fits now"]
+    reply = s.chat("one more")
+    assert reply.text == "fits now" and any("too long" in n for n in reply.notices)
+    sent = fake.received[-1]
+    assert sent[1]["content"].startswith("[uids 1–") and "recall_history returns them" in sent[1]["content"]
+    assert len(sent) < len(fake.received[-2])
+    assert len(s.events) == 22 and s.recall(1, 1)[0].content == chatty(0)
+    fake.script = [PromptTooLong("too long")] * 4
+    with pytest.raises(PromptTooLong, match="still too long after 3 retries"):
+        s.chat("again")
+
+
+def test_atomic_commit_rejects_a_stale_result(store_dir):
+    s = Session("atomic", store=store_dir, window_tokens=32000, llm=FakeLLM())
+    for i in range(6):
+        s.chat(chatty(i))
+    events = s.events[:4]
+    from mfs_nb.segments import build
+
+    stale = build(99, events, "- a summary that no longer matches")
+    forged = type(stale)(**{**stale.to_json(), "covered_hash": "0" * 32})
+    assert "changed" in s.compactor.commit(forged)
+    gap = type(stale)(**{**stale.to_json(), "uid_from": 3})
+    assert "no longer follows" in s.compactor.commit(gap)
+
+
+def test_background_pre_compaction_commits_at_the_compress_line(store_dir):
+    s = Session("bg", store=store_dir, window_tokens=4096, llm=FakeLLM(), background_compaction=True)
+    for i in range(60):
+        s.chat(chatty(i))
+        if s.compactor.pending is not None:
+            s.compactor.pending.done.wait(10)
+    kinds = [r["kind"] for r in s.ledger()]
+    assert "compaction" in kinds
+    phases = [r["phase"] for r in s.store.load_compactions("bg")]
+    assert phases.count("started") == phases.count("finished") + phases.count("aborted") + (1 if s.compactor.pending else 0)
+    assert s.coverage()["lost"] == 0
+
+
+def test_range_selection_cuts_at_turn_starts_and_keeps_the_current_turn():
+    events = []
+    uid = 0
+    for t in range(1, 6):
+        uid += 1
+        events.append(Event(uid, "s", t, "user", "question " * 200, turn_start=True))
+        uid += 1
+        events.append(Event(uid, "s", t, "assistant", "answer " * 200))
+    choice = select_range(events, keep_tail_tokens=500, min_tokens=100)
+    assert events[choice.start].turn_start and events[choice.end].turn_start
+    assert choice.end <= len(events) - 2  # the current turn stays raw
+    assert select_range(events[:2], 500, 100).reason == "only_current_turn"
+    assert select_range(events, 500, 10**6).reason == "range_too_small"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["user", "assistant", "tools"]), st.integers(1, 400)), min_size=1, max_size=40),
+       st.integers(0, 3000))
+def test_selected_ranges_never_split_a_tool_pair(shape, keep):
+    events, uid, turn = [], 0, 0
+    for kind, size in shape:
+        uid += 1
+        if kind == "tools":
+            events.append(Event(uid, "s", turn, "assistant", "", tool_calls=({"id": f"c{uid}", "type": "function",
+                          "function": {"name": "f", "arguments": "{}"}},), turn_start=bool(events) and events[-1].role == "tool"))
+            uid += 1
+            events.append(Event(uid, "s", turn, "tool", "x" * size, tool_call_id=f"c{uid - 1}"))
+        else:
+            turn += kind == "user"
+            events.append(Event(uid, "s", turn, kind, "w " * size, turn_start=kind == "user" or not events))
+    choice = select_range(events, keep, 1)
+    if choice.start < choice.end:
+        covered = events[choice.start:choice.end]
+        calls = {c["id"] for e in covered for c in e.tool_calls}
+        results = {e.tool_call_id for e in covered if e.role == "tool"}
+        assert calls == results
+
+
+def test_fact_track_extraction_and_budget():
+    assert classify("ERROR lib/app.ex:42 undefined function") == ERROR
+    assert classify("$ mix test --stale") == COMMAND
+    assert classify("see notebooks/analysis.ipynb") == PATH
+    assert classify("预算 2900万美元，3 晚共 1280 元") == NUMBER
+    assert classify("2026年11月29日 出发") == NUMBER
+    assert classify("just chatting about nothing") is None
+    facts = extract("a " * 150 + "ends with 42 ms of latency and more words " + "z " * 60)
+    assert facts and all(len(f.text) <= 201 for f in facts)  # head 150 + "…" + tail 50
+    many = [f for i in range(100) for f in extract(f"line {i}: took {i} ms\nTimeoutError: {i}")]
+    kept = budgeted(many, max_lines=40, max_tokens=2400)
+    assert len(kept.facts) == 40 and kept.dropped == len({f.text for f in many}) - 40
+    assert all(f.kind == ERROR for f in kept.facts[:1]) and sum(f.kind == ERROR for f in kept.facts) == 40
+    assert "more fact lines dropped" in kept.render()
+
+
+def test_compact_magic(tmp_path, monkeypatch, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+
+    monkeypatch.setenv("MFS_STORE", str(tmp_path / "nb"))
+    shell = InteractiveShell.instance()
+    try:
+        shell.run_line_magic("load_ext", "mfs_nb")
+        shell.run_line_magic("compact", "")
+        assert "nothing to compact" in capsys.readouterr().out
+        for i in range(5):
+            shell.run_cell_magic("chat", "--no-stream", chatty(i))
+        shell.run_line_magic("compact", "keep the numbers")
+        out = capsys.readouterr().out
+        assert "context compacted:" in out and "ctx " in out
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_compaction_rows_are_in_the_replay_report(tmp_path):
+    msgs = [{"role": "user" if i % 2 == 0 else "assistant", "content": chatty(i)} for i in range(80)]
+    report = replay(normalise(msgs), window=4096)
+    rows = [r for r in report["ledger"] if r["kind"] == "compaction"]
+    assert rows and all({"tokens_before", "tokens_after", "llm_tokens", "uid_from", "uid_to", "duration_s",
+                         "degraded", "tier"} <= r.keys() for r in rows)
+    notices = [n for c in report["calls"] for n in c["notices"]]
+    assert any(n.startswith("context compacted: ") for n in notices)
+    json.dumps(report)
