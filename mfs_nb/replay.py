@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,12 +131,15 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
         previous: list[dict[str, Any]] | None = None
         for index, msg in enumerate(messages):
             if msg.role == "assistant":
+                started = time.perf_counter()
                 plan = s.prepare_call()
+                prepare_ms = (time.perf_counter() - started) * 1000
                 view = plan.view
                 counts = s.token_counts(view)
                 shared = shared_prefix_tokens(previous, view.messages, counts.__getitem__) if previous else 0
                 calls.append({"call": len(calls) + 1, "turn": s.turn, "payload_tokens": sum(counts),
-                              "shared_prefix_tokens": shared, "tier": plan.usage.tier, "notices": plan.notices})
+                              "shared_prefix_tokens": shared, "tier": plan.usage.tier, "notices": plan.notices,
+                              "prepare_ms": round(prepare_ms, 2)})
                 if payloads:
                     path = Path(payloads) / f"call-{len(calls):05d}.json"
                     path.write_text(json.dumps({"messages": view.messages}, ensure_ascii=False), encoding="utf-8")

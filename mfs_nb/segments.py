@@ -197,6 +197,21 @@ def build(segment_id: int, events: Sequence[Event], prose: str | None) -> Segmen
     return Segment(**{**seg.to_json(), "tokens": estimate_tokens(seg.render()) + 4})
 
 
+def uncovered(uids: Sequence[int], raw: set[int], spans: Sequence[tuple[int, int]]) -> list[int]:
+    """uids that are neither raw in the payload nor inside a segment or evicted range.
+    Spans are sorted once and walked with the uids: O(n + s log s)."""
+    ordered = sorted(spans)
+    out, j = [], 0
+    for uid in sorted(uids):
+        if uid in raw:
+            continue
+        while j < len(ordered) and ordered[j][1] < uid:
+            j += 1
+        if not (j < len(ordered) and ordered[j][0] <= uid <= ordered[j][1]):
+            out.append(uid)
+    return out
+
+
 def evicted_note(ranges: Sequence[tuple[int, int]]) -> str:
     """One line naming the uid ranges whose segment maps left the payload (still recallable)."""
     spans = ", ".join(f"{a}–{b}" for a, b in ranges)

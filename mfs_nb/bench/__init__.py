@@ -8,6 +8,6 @@ regenerated in place. A suite whose data is missing is skipped with a message.
 
 from __future__ import annotations
 
-from . import clearing, tokens
+from . import clearing, compaction, tokens
 
-SUITES = {tokens.NAME: tokens, clearing.NAME: clearing}
+SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compaction}

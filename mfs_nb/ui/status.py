@@ -22,7 +22,7 @@ def static_file(name: str) -> Path:
 
 class StatusBar(anywidget.AnyWidget):
     _esm = static_file("status.js")
-    _css = static_file("status.css")
+    _css = static_file("mfs.css")
     data = traitlets.Dict().tag(sync=True)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
