@@ -8,7 +8,6 @@ value is validated before it is applied.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shlex
 import sys
@@ -168,18 +167,22 @@ class MfsMagics(Magics, Configurable):
             stream = _Stream(self.shell)
             reply = session.chat(text, on_delta=stream.delta, on_reset=stream.reset, stream=not args.no_stream)
             stream.finish(reply.text)
-            self._show_status(reply.usage, reply.notices)
+            self._show_status(reply.usage, reply.notices, session)
         except MfsError as exc:
             _error(exc)
 
-    def _show_status(self, usage: Any, notices: list[str]) -> None:
+    def _show_status(self, usage: Any, notices: list[str], session: Any = None) -> None:
         from .ui.data import status_data
 
         data = status_data(usage, notices)
         if _has_frontend(self.shell):
             from .ui.status import StatusBar
 
-            display(StatusBar(data=data))
+            bar = StatusBar(data=data)
+            pending = session.compactor.pending if session is not None else None
+            if pending is not None and not pending.done.is_set():
+                bar.follow(pending.done)
+            display(bar)
         else:
             print(data["line"])
             for notice in notices:
@@ -208,9 +211,37 @@ class MfsMagics(Magics, Configurable):
         except MfsError as exc:
             _error(exc)
             return
-        from .ui.data import recall_html, recall_text
+        from .ui.data import recall_data, recall_html, recall_text
 
-        display(Rich(recall_text(events), recall_html(events)))
+        if _has_frontend(self.shell):
+            from .ui.recall import RecallView
+
+            display(RecallView(data=recall_data(events)))
+        else:
+            display(Rich(recall_text(events), recall_html(events)))
+
+    # -- %context ------------------------------------------------------------------------
+    @line_magic
+    def context(self, line: str) -> None:
+        """Show what the model is sent: the layers of the payload and the tool trajectory."""
+        from .ui.context import ContextView
+        from .ui.data import context_data, recall_data
+
+        try:
+            session = self.get_session(line.strip() or None)
+            data = context_data(session)
+        except MfsError as exc:
+            _error(exc)
+            return
+
+        def recall(uid: Any) -> list[dict[str, Any]]:
+            return recall_data(session.recall(uid))["events"]
+
+        view = ContextView(recall=recall, data=data)
+        if _has_frontend(self.shell):
+            display(view)
+        else:
+            print(view.text())
 
     # -- %mfs ----------------------------------------------------------------------------
     @line_magic
@@ -275,11 +306,15 @@ class MfsMagics(Magics, Configurable):
         print("; ".join(f"{k} = {getattr(new, k)!r}" for k in values))
 
     def _mfs_ledger(self, rest: list[str]) -> None:
-        rows = self.get_session().ledger()
-        if not rows:
-            print("ledger is empty: the memory layer has not acted yet")
-        for row in rows:
-            print(json.dumps(row, ensure_ascii=False))
+        from .ui.data import ledger_data
+        from .ui.ledger import LedgerView
+
+        session = self.get_session()
+        view = LedgerView(data=ledger_data(session.ledger(), session.history, session.usage().effective))
+        if _has_frontend(self.shell):
+            display(view)
+        else:
+            print(view.text())
 
 
 class Rich:

@@ -41,6 +41,7 @@ MAX_MESSAGE_SHARE = 0.5
 # Another kernel appending to the same session makes our uid stale; we reload and retry.
 _WRITE_ATTEMPTS = 20
 PTL_TRIES = 3
+HISTORY = 2_000  # calls kept for the ledger plot
 
 
 class ChatModel(Protocol):
@@ -110,6 +111,7 @@ class Session:
         self._lock = threading.RLock()
         self._events: list[Event] = self.store.load_events(name)
         self._meter = Meter.from_json(meta.get("anchor"))
+        self.history: list[dict[str, Any]] = list((meta.get("anchor") or {}).get("history") or [])
         ledger = self.store.load_ledger(name)
         self._ledger_seq = len(ledger)
         last_clearing = next((r for r in reversed(ledger) if r["kind"] == "clearing"), None)
@@ -325,6 +327,8 @@ class Session:
                 view = self.send_view()
                 usage = self.usage(view)
         notices += self._act_on_tier(usage)
+        self.history.append({"call": len(self.history) + 1, "turn": self.turn, "tokens": usage.tokens,
+                             "tier": usage.tier, "acted": bool(notices)})
         self._last_prefix_ratio = self._prefix_ratio(view)
         self._last_payload = view.messages
         self.last_plan = CallPlan(view, usage, notices)
@@ -504,7 +508,8 @@ class Session:
         return self.store.load_ledger(self.name)
 
     def _save_meta(self) -> None:
-        self.store.save_meta(self.name, settings=self._saved, anchor=self._meter.to_json())
+        self.store.save_meta(self.name, settings=self._saved,
+                             anchor={**self._meter.to_json(), "history": self.history[-HISTORY:]})
 
     def status(self) -> dict[str, Any]:
         """What `%mfs status` shows."""

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "examples" / "quickstart.ipynb"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 
 
-def _run(tmp_path: Path) -> list[str]:
+def _run(tmp_path: Path) -> tuple[list[str], list[list[dict]], dict]:
     nb = nbformat.read(NOTEBOOK, as_version=4)
-    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    texts = []
+    NotebookClient(nb, timeout=180, kernel_name="python3", store_widget_state=True,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    texts, outputs = [], []
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
@@ -25,21 +28,28 @@ def _run(tmp_path: Path) -> list[str]:
             elif "data" in out:
                 chunk.append(out["data"].get("text/plain", "") + out["data"].get("text/markdown", ""))
         texts.append("".join(chunk))
-    return texts
+        outputs.append(cell.get("outputs", []))
+    return texts, outputs, nb.metadata.get("widgets", {})
 
 
-def test_quickstart_runs_offline_and_resumes_after_restart(tmp_path, monkeypatch):
+def test_quickstart_runs_offline_shows_widgets_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setenv("MFS_STORE", str(tmp_path / ".mfs"))
-    first = _run(tmp_path)
-    assert "No model is configured" in first[1]
-    assert "ctx " in first[1] + first[3]
-    recall = first[4]
-    assert "[#1 user · turn 1]\nHelp me pick the connection-pool size" in recall
-    assert "[#2 assistant · turn 1]" in recall
-    assert "4 events, last uid 4" in first[5]
-    assert "raw 1 4" in first[6]
+    first, outputs, widgets = _run(tmp_path)
+    load, chat1, _, chat2, recall, status, compact, context, ledger, api = first
+    assert "No model is configured" in chat1 and "ctx " in chat1
+    assert "[#1 user · turn 1]\nHelp me pick the connection-pool size" in recall and "[#2 assistant · turn 1]" in recall
+    assert "4 events, last uid 4" in status
+    assert "context compacted:" in compact and "segment #1, uids 1–2" in compact
+    assert "L0 segment" in context and "raw tail" in context
+    assert "compaction" in ledger
+    assert "segment 1 2" in api and "raw 3 4" in api
+    # rich outputs are widget views, with their state saved in the notebook
+    for index in (1, 4, 7, 8):
+        assert any(WIDGET_VIEW in o.get("data", {}) for o in outputs[index]), index
+    state = json.dumps(widgets)
+    assert "Help me pick the connection-pool size" in state and "L0 segment" in state and "ctx " in state
 
-    second = _run(tmp_path)  # a fresh kernel on the same store: the conversation continues
+    second, _, _ = _run(tmp_path)  # a fresh kernel on the same store: the conversation continues
     assert "8 events, last uid 8" in second[5]
-    assert "raw 1 8" in second[6]
+    assert "segment 1 2" in second[9] and "segment 3 6" in second[9] and "raw 7 8" in second[9]
     assert second[4] == recall

@@ -1,7 +1,8 @@
-"""Pure functions from engine objects to JSON-ready view data and escaped fallbacks.
+"""Pure functions from engine objects to JSON-ready view data, and escaped fallbacks.
 
 Widgets only display what these return; nothing here holds memory logic. Every string that came
-from a user, a model or a file is escaped before it goes into HTML.
+from a user, a model or a file is escaped before it goes into HTML (and the front ends only ever
+set textContent).
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from ..usage import Usage, human
 
 TIER_COLOURS = {"ok": "#2e7d32", "warn": "#f9a825", "compress": "#ef6c00", "hard": "#c62828"}
 FOLD_CHARS = 2_000
+LAYER_TEXT_CHARS = 20_000
+TOOL_STATES = ("full", "trimmed", "cleared", "compacted", "missing")
+LEDGER_COLUMNS = ("seq", "time", "kind", "tier", "tokens_before", "tokens_after", "llm_tokens", "uid_from",
+                  "uid_to", "segments", "cleared", "chars_saved", "degraded", "duration_s", "reason")
 
 
 def status_data(usage: Usage, notices: Sequence[str] = ()) -> dict[str, Any]:
@@ -41,52 +46,122 @@ def status_html(data: dict[str, Any]) -> str:
     return (
         "<div class='mfs-status' style='font:12px monospace;color:#666'>"
         f"<span style='display:inline-block;width:80px;height:6px;background:#eee;vertical-align:middle'>"
-        f"<span style='display:block;height:6px;width:{width:.1f}%;background:{data['colour']}'></span></span> "
+        f"<span style='display:block;height:6px;width:{width:.1f}%;background:{html.escape(data['colour'])}'></span></span> "
         f"{html.escape(data['line'])}{notices}</div>"
     )
 
 
+# -- recall --------------------------------------------------------------------------------
 def event_data(event: Event) -> dict[str, Any]:
     """One event for the recall viewer."""
-    calls = [
-        {"name": (c.get("function") or {}).get("name", ""), "arguments": (c.get("function") or {}).get("arguments", "")}
-        for c in event.tool_calls
-    ]
-    return {
-        "uid": event.uid,
-        "turn": event.turn,
-        "role": event.role,
-        "origin": event.origin,
-        "name": event.name,
-        "created_at": event.created_at,
-        "content": event.content,
-        "chars": len(event.content),
-        "tool_calls": calls,
-        "folded": len(event.content) > FOLD_CHARS,
-    }
+    calls = [{"name": (c.get("function") or {}).get("name", ""), "arguments": (c.get("function") or {}).get("arguments", "")}
+             for c in event.tool_calls]
+    return {"uid": event.uid, "turn": event.turn, "role": event.role, "origin": event.origin, "name": event.name,
+            "created_at": event.created_at, "content": event.content, "chars": len(event.content),
+            "tool_calls": calls, "folded": len(event.content) > FOLD_CHARS}
+
+
+def recall_data(events: Sequence[Event]) -> dict[str, Any]:
+    return {"events": [event_data(e) for e in events]}
+
+
+def _head(d: dict[str, Any]) -> str:
+    head = f"#{d['uid']} {d['role']}"
+    if d["origin"] and d["origin"] != d["role"]:
+        head += f" · {d['origin']}"
+    if d["name"]:
+        head += f" · {d['name']}"
+    return head + f" · turn {d['turn']}"
+
+
+def recall_text_from_data(events: Sequence[dict[str, Any]]) -> str:
+    """Plain-text recall: a header per event, then its exact content."""
+    parts = []
+    for d in events:
+        body = d["content"]
+        if d["tool_calls"]:
+            calls = "; ".join(f"{c['name']}({c['arguments']})" for c in d["tool_calls"])
+            body = (body + "\n" if body else "") + f"[tool calls: {calls}]"
+        parts.append(f"[{_head(d)}]\n{body}")
+    return "\n\n".join(parts)
+
+
+def recall_html_from_data(events: Sequence[dict[str, Any]]) -> str:
+    rows = []
+    for d in events:
+        calls = "".join(f"<div>→ {html.escape(c['name'])}({html.escape(c['arguments'])})</div>" for c in d["tool_calls"])
+        rows.append(f"<details{'' if d['folded'] else ' open'} class='mfs-event'><summary style='font:12px monospace;"
+                    f"color:#555'>{html.escape(_head(d))} · {html.escape(d['created_at'])} ({d['chars']:,} chars)"
+                    f"</summary><pre style='white-space:pre-wrap'>{html.escape(d['content'])}</pre>{calls}</details>")
+    return "<div class='mfs-recall'>" + "".join(rows) + "</div>"
 
 
 def recall_text(events: Sequence[Event]) -> str:
-    """Plain-text recall: a header per event, then its exact content."""
-    from ..tools import format_events
-
-    return format_events(events, max_chars=10**9)
+    return recall_text_from_data(recall_data(events)["events"])
 
 
 def recall_html(events: Sequence[Event]) -> str:
-    rows = []
-    for e in events:
-        d = event_data(e)
-        head = f"#{d['uid']} · {d['role']}" + (f" · {d['origin']}" if d["origin"] != d["role"] else "")
-        head += f" · turn {d['turn']} · {d['created_at']}"
-        calls = "".join(f"<div>→ {html.escape(c['name'])}({html.escape(c['arguments'])})</div>" for c in d["tool_calls"])
-        opened = "" if d["folded"] else " open"
-        rows.append(
-            f"<details{opened} class='mfs-event'><summary style='font:12px monospace;color:#555'>{html.escape(head)}"
-            f" ({d['chars']:,} chars)</summary><pre style='white-space:pre-wrap'>{html.escape(e.content)}</pre>"
-            f"{calls}</details>"
-        )
-    return "<div class='mfs-recall'>" + "".join(rows) + "</div>"
+    return recall_html_from_data(recall_data(events)["events"])
+
+
+# -- the layered send view ------------------------------------------------------------------
+def _label(kind: str, level: int | None, index: int, n_segments: int) -> str:
+    if kind == "segment":
+        return f"L{level} segment" if level else "L0 segment"
+    return {"system": "system", "evicted": "evicted maps", "raw": "raw tail", "dropped": "dropped"}.get(kind, kind)
+
+
+def context_data(session: Any) -> dict[str, Any]:
+    """Layers of the current payload with their exact text, coverage gaps, and the tool trajectory."""
+    from ..segments import uncovered
+
+    view = session.send_view()
+    usage = session.usage(view)
+    layers = []
+    i = 0
+    n_segments = sum(1 for x in view.layers if x.kind == "segment")
+    for layer in view.layers:
+        text = "\n\n".join(f"[{m['role']}] {m.get('content') or ''}" + (
+            "\n[tool calls] " + "; ".join(f"{(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments')})"
+                                          for c in m.get("tool_calls") or ()) if m.get("tool_calls") else "")
+            for m in view.messages[i:i + layer.messages])
+        if len(text) > LAYER_TEXT_CHARS:
+            text = text[:LAYER_TEXT_CHARS] + f"\n[… {len(text) - LAYER_TEXT_CHARS:,} more chars; %recall shows them]"
+        i += layer.messages
+        span = "static" if layer.uid_from is None else (
+            f"uid {layer.uid_from}" if layer.uid_from == layer.uid_to else f"uids {layer.uid_from}–{layer.uid_to}")
+        layers.append({"kind": layer.kind, "label": _label(layer.kind, layer.level, i, n_segments),
+                       "uid_from": layer.uid_from, "uid_to": layer.uid_to, "span": span, "tokens": layer.tokens,
+                       "level": layer.level, "degraded": layer.degraded, "messages": layer.messages, "text": text})
+    spans = [(x.uid_from, x.uid_to) for x in session.compactor.segments] + list(session.compactor.evicted)
+    gaps = uncovered([e.uid for e in session.events], view.raw_uids(), spans)
+    forms = {u: f for u, f in zip(view.uids, view.forms) if u is not None}
+    results = {e.tool_call_id: e for e in session.events if e.role == "tool"}
+    tools = []
+    for e in session.events:
+        for call in e.tool_calls:
+            fn = call.get("function") or {}
+            result = results.get(str(call.get("id", "")))
+            if result is None:
+                state = "missing"
+            elif result.uid not in forms:
+                state = "compacted"  # inside a segment: only the summary and fact lines remain
+            else:
+                state = {"full": "full", "trimmed": "trimmed", "cleared": "cleared"}.get(forms[result.uid], "full")
+            tools.append({"uid": e.uid, "name": fn.get("name", ""), "arguments": fn.get("arguments", ""),
+                          "result_uid": result.uid if result else None, "state": state,
+                          "chars": len(result.content) if result else 0})
+    return {"usage": status_data(usage), "layers": layers, "gaps": gaps, "tools": tools}
+
+
+# -- the ledger ----------------------------------------------------------------------------
+def ledger_data(rows: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]], effective: int) -> dict[str, Any]:
+    """Ledger rows with a stable column set, and the payload-tokens-per-call series with marks."""
+    columns = [c for c in LEDGER_COLUMNS if any(c in r for r in rows)] or ["seq", "time", "kind"]
+    extra = sorted({k for r in rows for k in r} - set(columns))
+    marks = [h["call"] for h in history if h.get("acted")]
+    return {"columns": columns + extra, "rows": [dict(r) for r in rows], "series": list(history), "marks": marks,
+            "effective": effective}
 
 
 def layers_text(layers: Sequence[Any]) -> str:

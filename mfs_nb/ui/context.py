@@ -1,0 +1,56 @@
+"""`%context`: the layered send view and the tool trajectory, with recall on request."""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+from .data import TOOL_STATES
+from .widget import Widget, esm
+
+
+class ContextView(Widget):
+    _esm = esm("context.js")
+
+    def __init__(self, recall: Any = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        self._recall = recall
+        self.on_msg(self._on_message)
+
+    def _on_message(self, _: Any, msg: Any, buffers: Any = None) -> None:
+        """Typed requests from the front end: {"type": "recall", "uid": n} → recall_result."""
+        if not isinstance(msg, dict) or msg.get("type") != "recall" or self._recall is None:
+            return
+        uid = msg.get("uid")
+        try:
+            events = self._recall(uid)
+            self.send({"type": "recall_result", "uid": uid, "events": events})
+        except Exception as exc:  # an answer, never a broken widget
+            self.send({"type": "recall_result", "uid": uid, "error": str(exc)})
+
+    def text(self) -> str:
+        d = self.data
+        lines = [f"send view: {d['usage']['line']}"]
+        for layer in d["layers"]:
+            extra = f" L{layer['level']}" if layer["level"] is not None else ""
+            extra += " degraded" if layer["degraded"] else ""
+            lines.append(f"  {layer['label']:<14} {layer['span']:<18} {layer['tokens']:>7} tokens{extra}")
+        if d["gaps"]:
+            lines.append(f"  COVERAGE GAP: {len(d['gaps'])} uid(s): {d['gaps'][:20]}")
+        if d["tools"]:
+            lines.append(f"tool trajectory: {len(d['tools'])} call(s)")
+            lines += [f"  #{t['uid']} {t['name']} → {t['state']} ({t['chars']:,} chars)" for t in d["tools"]]
+        return "\n".join(lines)
+
+    def html(self) -> str:
+        d = self.data
+        rows = "".join(
+            f"<details><summary>{html.escape(x['label'])} · {html.escape(x['span'])} · {x['tokens']:,} tokens"
+            f"{' · degraded' if x['degraded'] else ''}</summary><pre style='white-space:pre-wrap'>"
+            f"{html.escape(x['text'])}</pre></details>" for x in d["layers"])
+        gaps = (f"<div style='color:#c62828'>coverage gap: {html.escape(str(d['gaps'][:20]))}</div>"
+                if d["gaps"] else "")
+        tools = "".join(f"<li>#{t['uid']} {html.escape(t['name'])} → {html.escape(t['state'])}</li>" for t in d["tools"])
+        assert set(t["state"] for t in d["tools"]) <= set(TOOL_STATES)
+        return (f"<div class='mfs-context'><div>{html.escape(d['usage']['line'])}</div>{gaps}{rows}"
+                f"{'<ul>' + tools + '</ul>' if tools else ''}</div>")
