@@ -32,7 +32,7 @@ from .store import Store, UidConflict, now_iso
 from .tokens import estimate_tokens, message_tokens
 from .tools import RECALL_DESCRIPTION, RECALL_SCHEMA, Tool, call_tool, format_events, parse_range
 from .usage import TIERS, ContextProfile, Usage, human
-from .view import SendView, drop_oldest_rounds, project
+from .view import RawCache, SendView, drop_oldest_rounds, project
 
 DEFAULT_WINDOW = 128_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -132,6 +132,7 @@ class Session:
         self._clear_before = int(last_clearing["clear_before"]) if last_clearing else 0
         self._prune_before = int(last_clearing["prune_before"]) if last_clearing else 0
         self.compactor = Compactor(self)
+        self._raw_cache = RawCache()
         if self.settings.window_tokens:
             self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
 
@@ -266,8 +267,11 @@ class Session:
 
     def send_view(self, clearing: Clearing | None = None) -> SendView:
         """The exact payload the next model call would receive, and its layers."""
-        return project(self._events, self._system(), self._count, clearing or self.clearing_state(),
-                       self.compactor.segments, self.compactor.evicted)
+        state = clearing or self.clearing_state()
+        # only the view in force uses the cache; trial views (S2 options) are projected in full
+        cache = self._raw_cache if clearing is None else None
+        return project(self._events, self._system(), self._count, state, self.compactor.segments,
+                       self.compactor.evicted, cache)
 
     def clearing_state(self) -> Clearing:
         """Where S2 acts in the send view now: trim size from the window, boundaries from the ledger."""
@@ -277,8 +281,10 @@ class Session:
 
     def token_counts(self, view: SendView) -> list[int]:
         """Estimated tokens of each message of a payload (cached per uid and form)."""
-        forms = view.forms or ["full"] * len(view.messages)
-        return [self._count(m, u, f) for m, u, f in zip(view.messages, view.uids, forms)]
+        if view.counts is None:
+            forms = view.forms or ["full"] * len(view.messages)
+            view.counts = [self._count(m, u, f) for m, u, f in zip(view.messages, view.uids, forms)]
+        return view.counts
 
     def usage(self, view: SendView | None = None) -> Usage:
         """Context pressure: the number the meter shows and the tiers act on."""
@@ -533,7 +539,7 @@ def shared_prefix_tokens(before: list[dict[str, Any]], after: list[dict[str, Any
     """Tokens of the longest common prefix of two payloads (whole messages, then characters)."""
     shared = 0
     for i, (a, b) in enumerate(zip(before, after)):
-        if a == b:
+        if a is b or a == b:
             shared += count(i)
             continue
         if a.get("role") == b.get("role"):

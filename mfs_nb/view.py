@@ -48,6 +48,7 @@ class SendView:
     forms: list[str] = field(default_factory=list)
     structure: str = ""
     clearing: ClearingStats = field(default_factory=ClearingStats)
+    counts: list[int] | None = None  # token counts per message, filled once by whoever needs them
 
     @property
     def tokens(self) -> int:
@@ -138,6 +139,38 @@ def drop_oldest_rounds(view: SendView, counts: Sequence[int], turn_starts: set[i
     return SendView(messages, layers, uids, forms, view.structure + ":ptl", view.clearing)
 
 
+class RawCache:
+    """Projected raw items reused from call to call. The log only grows, and neither pairing nor
+    S2 looks across a turn start, so everything before the newest turn start is final; only the
+    events after it are projected again. Any change of covered prefix or S2 state starts over."""
+
+    def __init__(self) -> None:
+        self.key: tuple[int, str] | None = None
+        self.upto = 0
+        self.last_uid = 0
+        self.items: list[tuple[dict[str, Any], int | None, str]] = []
+        self.stats = ClearingStats()
+
+    def project(self, raw: Sequence[Event], clearing: Clearing
+                ) -> tuple[list[tuple[dict[str, Any], int | None, str]], ClearingStats]:
+        key = (raw[0].uid if raw else 0, clearing.key)
+        if key != self.key or self.upto > len(raw) or (self.upto and raw[self.upto - 1].uid != self.last_uid):
+            self.key, self.upto, self.last_uid, self.items, self.stats = key, 0, 0, [], ClearingStats()
+        cut = next((i for i in range(len(raw) - 1, self.upto, -1) if raw[i].turn_start), self.upto)
+        if cut > self.upto:
+            items, stats = apply(pair_tool_messages(raw[self.upto:cut]), clearing)
+            self.items += items
+            self.stats = _add(self.stats, stats)
+            self.upto, self.last_uid = cut, raw[cut - 1].uid
+        tail, stats = apply(pair_tool_messages(raw[self.upto:]), clearing)
+        return self.items + tail, _add(self.stats, stats)
+
+
+def _add(a: ClearingStats, b: ClearingStats) -> ClearingStats:
+    return ClearingStats(a.trimmed + b.trimmed, a.cleared + b.cleared, a.pruned + b.pruned,
+                         a.chars_saved + b.chars_saved)
+
+
 def project(
     events: Sequence[Event],
     system_prompt: str,
@@ -145,6 +178,7 @@ def project(
     clearing: Clearing | None = None,
     segments: Sequence[Any] = (),
     evicted: Sequence[tuple[int, int]] = (),
+    cache: RawCache | None = None,
 ) -> SendView:
     """The send view: system, the note for evicted segment maps, the segment block (oldest first),
     then every event not covered, raw, with S2 applied."""
@@ -176,7 +210,7 @@ def project(
                             seg.degraded, messages=1))
         covered_to = max(covered_to, seg.uid_to)
     raw = [e for e in events if e.uid > covered_to] if covered_to else list(events)
-    items, stats = apply(pair_tool_messages(raw), clearing)
+    items, stats = cache.project(raw, clearing) if cache is not None else apply(pair_tool_messages(raw), clearing)
     if items:
         tokens = 0
         for msg, uid, form in items:

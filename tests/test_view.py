@@ -79,3 +79,21 @@ def test_pairing_invariant_holds_for_any_history(events):
     view = project(events, "SYS")
     assert_paired(view.messages[1:])
     assert view.raw_uids() == {e.uid for e in events}
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), st.integers(0, 45), st.integers(0, 45), st.integers(0, 300))
+def test_incremental_projection_equals_a_full_one(events, clear_before, prune_before, trim):
+    from mfs_nb.clearing import Clearing
+    from mfs_nb.view import RawCache
+
+    events = [Event(e.uid, e.session, e.turn, e.role, e.content, tool_calls=e.tool_calls, tool_call_id=e.tool_call_id,
+                    turn_start=e.role == "user" or (i > 0 and e.role == "assistant" and events[i - 1].role == "tool"))
+              for i, e in enumerate(events)]
+    cache = RawCache()
+    clearing = Clearing(trim, clear_before, prune_before)
+    for n in range(len(events) + 1):
+        full = project(events[:n], "SYS", clearing=clearing)
+        cached = project(events[:n], "SYS", clearing=clearing, cache=cache)
+        assert cached.messages == full.messages and cached.forms == full.forms
+        assert cached.clearing == full.clearing
