@@ -6,7 +6,12 @@ from Python. Importing this package is cheap: litellm and LanceDB load on first 
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
+
+# litellm reaches for the network at import unless told to read its model map locally; whoever
+# imports it after this package (our boundary or the user) gets the offline-safe behaviour.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from .errors import ConfigError, InputError, LLMError, MfsError, PromptTooLong, StoreError
 from .tokens import estimate_tokens

@@ -41,9 +41,23 @@ def offline_reply(messages: list[dict[str, Any]]) -> str:
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
 
 
+_INFORMATIVE = re.compile(r"\d+|(?<=\s)[A-Z][a-z]+|[\u4e00-\u9fff]{2,}")
+
+
+def _best_sentence(text: str) -> str:
+    """The sentence that carries the most: numbers, names, substance; pleasantries score low."""
+    sentences = [s for s in _SENTENCE.split(text) if s.strip()] or [text]
+
+    def score(s: str) -> float:
+        words = len(s.split())
+        return 3 * len(_INFORMATIVE.findall(s)) + min(words, 24) / 4 - (5 if words < 4 and len(s) < 12 else 0)
+
+    return max(sentences, key=score)  # max keeps the earliest of equals: deterministic
+
+
 def extractive_summary(messages: list[dict[str, Any]], target_tokens: int = 1000) -> str:
-    """Deterministic extractive guide: the first sentence (≤ 160 chars) of each user and assistant
-    message, user messages first when the target does not fit them all; original order kept."""
+    """Deterministic extractive guide: the most informative sentence (≤ 160 chars) of each user and
+    assistant message, user messages first when the target does not fit them all; order kept."""
     picked: list[tuple[int, str]] = []
     for i, m in enumerate(messages):
         if m.get("role") not in ("user", "assistant"):
@@ -51,10 +65,10 @@ def extractive_summary(messages: list[dict[str, Any]], target_tokens: int = 1000
         text = " ".join((m.get("content") or "").split())
         if not text or text.startswith("(continuing"):
             continue
-        first = _SENTENCE.split(text, maxsplit=1)[0]
-        if len(first) > 160:
-            first = first[:159] + "…"
-        picked.append((i, f"- {m.get('role')}: {first}"))
+        best = _best_sentence(text)
+        if len(best) > 160:
+            best = best[:159] + "…"
+        picked.append((i, f"- {m.get('role')}: {best}"))
     order = sorted(picked, key=lambda p: (messages[p[0]].get("role") != "user", p[0]))
     kept, used = set(), 0
     for i, line in order:

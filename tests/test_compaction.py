@@ -271,3 +271,16 @@ def test_compaction_rows_are_in_the_replay_report(tmp_path):
     notices = [n for c in report["calls"] for n in c["notices"]]
     assert any(n.startswith("context compacted: ") for n in notices)
     json.dumps(report)
+
+
+def test_rapid_refill_skips_one_automatic_compaction(store_dir):
+    s = Session("refill", store=store_dir, window_tokens=4096, llm=FakeLLM(), background_compaction=False)
+    for i in range(8):
+        s.chat(chatty(i))
+    c = s.compactor
+    c.last_compaction_call = c.calls  # a compaction just happened
+    assert c.on_tier("compress", synchronous_background=True) == [
+        "context refilled right after a compaction; skipping one automatic compaction"]
+    assert s.ledger()[-1] == {**s.ledger()[-1], "kind": "skip", "reason": "rapid_refill"}
+    second = c.on_tier("compress", synchronous_background=True)  # only one is skipped
+    assert not any("skipping" in n for n in second)
