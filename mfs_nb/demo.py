@@ -34,9 +34,13 @@ def run(out: TextIO, store: str | None = None) -> int:
                   f"pressure {session.usage().tokens:,} tokens from {session.usage().source}\n\n")
         for text in SCRIPT[3:]:
             _turn(out, session, text)
+        out.write("%compact  (what happens by itself when the context fills, done now)\n")
+        for notice in session.compact():
+            out.write(notice + "\n")
         view = session.send_view()
-        out.write(f"send view: {len(view.messages)} messages, {view.tokens:,} tokens\n")
+        out.write(f"\nsend view: {len(view.messages)} messages, {view.tokens:,} tokens\n")
         out.write(layers_text(view.layers) + "\n\n")
+        out.write(view.messages[1]["content"] + "\n\n")
         out.write("%recall 5-5  (verbatim from the log)\n")
         out.write(recall_text(session.recall(5, 5)) + "\n\n")
         ok = [e.content for e in session.recall(1, session.last_uid) if e.role == "user"] == SCRIPT

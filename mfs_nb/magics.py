@@ -268,6 +268,17 @@ class MfsMagics(Magics, Configurable):
         print(f"store {st['store']} · model {st['model']} · {st['events']} events, last uid {st['last_uid']}, "
               f"{st['turns']} turns · pressure from {u.source}")
         print(st["endpoint"])
+        comp = s.compactor
+        if comp.segments or comp.evicted:
+            spans = ", ".join(f"#{x.id} {x.uid_from}–{x.uid_to}" + (" degraded" if x.degraded else "") for x in comp.segments)
+            print(f"segments in payload: {spans or 'none'}" + (f"; evicted maps: uids {comp.evicted[0][0]}–"
+                                                                f"{comp.evicted[-1][1]}" if comp.evicted else ""))
+        state = s.clearing_state()
+        if state.clear_before:
+            print(f"tool results before uid {state.clear_before} cleared"
+                  + (f"; long arguments before uid {state.prune_before} stubbed" if state.prune_before else ""))
+        if comp.breaker_open:
+            print("circuit breaker open: automatic LLM compaction is off (zero-LLM segments keep the session in its window)")
 
     def _mfs_sessions(self, rest: list[str]) -> None:
         names = self._get_store().sessions()

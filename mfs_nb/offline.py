@@ -21,9 +21,9 @@ SUMMARY_MARKER = "<<mfs:summarize>>"
 
 _CHAT_REPLY = (
     "**No model is configured**, so this reply comes from mfs_nb's offline default and no LLM "
-    "read your message. It is saved in the log (message {n} of this conversation, {chars} characters) "
-    "and will be sent in full once a model is set: `%mfs config model=openai/gpt-4o-mini` with "
-    "`OPENAI_API_KEY` in the environment, or any litellm model name via `MFS_MODEL`."
+    "read your message. Your message is kept in the log and will be part of the conversation once "
+    "a model is set: `%mfs config model=openai/gpt-4o-mini` with `OPENAI_API_KEY` in the "
+    "environment, or any litellm model name via `MFS_MODEL`."
 )
 
 
@@ -33,9 +33,7 @@ def offline_reply(messages: list[dict[str, Any]]) -> str:
     if messages and messages[-1].get("role") == "user" and last.lstrip().startswith(SUMMARY_MARKER):
         target = re.search(r"about (\d+) tokens", last)
         return extractive_summary(messages[:-1], int(target.group(1)) if target else 1000)
-    users = [m for m in messages if m.get("role") == "user"]
-    last = (users[-1].get("content") or "") if users else ""
-    return _CHAT_REPLY.format(n=len([m for m in messages if m.get("role") != "system"]), chars=f"{len(last):,}")
+    return _CHAT_REPLY
 
 
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")

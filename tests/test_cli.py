@@ -30,7 +30,8 @@ def test_demo_exits_zero_offline():
     assert out.returncode == 0, out.stderr
     assert "No model is configured" in out.stdout
     assert "resumed: 6 events, last uid 6" in out.stdout
-    assert "raw        uids 1-10" in out.stdout
+    assert "context compacted:" in out.stdout and "segment    uids 1-8" in out.stdout
+    assert "raw        uids 9-10" in out.stdout and "Facts (verbatim):" in out.stdout
     assert "every user message recalled byte-identical: yes" in out.stdout
 
 

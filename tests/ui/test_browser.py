@@ -57,11 +57,12 @@ def test_widgets_render_in_jupyterlab(tmp_path):
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
            "MFS_STORE": str(tmp_path / "store"), "MFS_FAILSHOT": str(tmp_path)}
     env.pop("MFS_MODEL", None)
+    log = (tmp_path / "lab.log").open("w")
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
          f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={work}", "--ServerApp.open_browser=False",
          "--allow-root"],
-        cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "lab.log", "w"))
+        cwd=work, env=env, stdout=subprocess.DEVNULL, stderr=log)
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
@@ -84,6 +85,7 @@ def test_widgets_render_in_jupyterlab(tmp_path):
             server.wait(20)
         except subprocess.TimeoutExpired:
             server.kill()
+        log.close()
     assert not result["errors"], result["errors"]
     assert result["meter"].startswith("ctx ") and "session default" in result["meter"]
     assert "width:" in result["meterFill"]
