@@ -109,6 +109,7 @@ class Session:
         self._saved = {**saved, **{k: getattr(self.settings, k) for k in explicit}}
         self._writer = uuid.uuid4().hex
         self._lock = threading.RLock()
+        self._ledger_lock = threading.Lock()
         self._events: list[Event] = self.store.load_events(name)
         self._meter = Meter.from_json(meta.get("anchor"))
         self.history: list[dict[str, Any]] = list((meta.get("anchor") or {}).get("history") or [])
@@ -506,8 +507,11 @@ class Session:
 
     # -- ledger and persistence ------------------------------------------------------------
     def _log(self, kind: str, **data: Any) -> dict[str, Any]:
-        self._ledger_seq += 1
-        return self.store.append_ledger(self.name, self._ledger_seq, kind, data)
+        # its own lock: the background compaction logs from its thread while a turn holds _lock
+        with self._ledger_lock:
+            self._ledger_seq += 1
+            seq = self._ledger_seq
+        return self.store.append_ledger(self.name, seq, kind, data, self._writer)
 
     def ledger(self) -> list[dict[str, Any]]:
         """One row per memory-layer action and failure, oldest first."""

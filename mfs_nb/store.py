@@ -289,9 +289,10 @@ class Store:
         return [{"seq": r["seq"], "phase": r["phase"], "time": r["time"], **json.loads(r["data"])} for r in rows]
 
     # -- ledger ---------------------------------------------------------------------------
-    def append_ledger(self, session: str, seq: int, kind: str, data: dict[str, Any]) -> dict[str, Any]:
+    def append_ledger(self, session: str, seq: int, kind: str, data: dict[str, Any], writer: str = "") -> dict[str, Any]:
+        """One ledger row; the key carries the writer, so two kernels never overwrite each other's rows."""
         row = {
-            "key": f"{session}\x1f{seq:012d}",
+            "key": f"{session}\x1f{seq:012d}\x1f{writer}",
             "session": session,
             "seq": seq,
             "time": now_iso(),
@@ -310,6 +311,6 @@ class Store:
         if not self._ledger.count_rows():
             return []
         rows = self._ledger.search().where(f"session = {_quote(session)}").limit(None).to_list()
-        rows.sort(key=lambda r: r["seq"])
+        rows.sort(key=lambda r: (r["time"], r["seq"]))
         return [{"seq": r["seq"], "time": r["time"], "kind": r["kind"], **json.loads(r["data"])} for r in rows]
 
