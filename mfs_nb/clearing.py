@@ -72,6 +72,12 @@ def cleared_text(content: str, uid: int, name: str) -> str:
     return f"[tool result cleared: {what}, {len(content):,} chars; {handle(uid)}]"
 
 
+def trimmed_arguments(arguments: str, uid: int) -> str:
+    """(a) for arguments: an oversized call keeps the head and tail of its arguments, as JSON."""
+    return json.dumps({"trimmed": arguments[:HEAD] + " … " + arguments[-TAIL:],
+                       "note": f"arguments of {len(arguments):,} chars; {handle(uid)}"}, ensure_ascii=False)
+
+
 def pruned_arguments(arguments: str, uid: int) -> str:
     """(c): long arguments of an old tool call, replaced by a valid JSON stub with a handle."""
     return json.dumps({"cleared": f"arguments of {len(arguments):,} chars; {handle(uid)}"})
@@ -91,19 +97,25 @@ def apply(items: list[tuple[dict[str, Any], int | None]], clearing: Clearing
         if message.get("tool_calls"):
             for call in message["tool_calls"]:
                 names[str(call.get("id", ""))] = (call.get("function") or {}).get("name", "")
-            if uid is not None and uid < clearing.prune_before:
+            prune = uid is not None and uid < clearing.prune_before
+            if uid is not None and (prune or clearing.trim_chars):
                 calls = []
                 for call in message["tool_calls"]:
                     fn = call.get("function") or {}
                     args = fn.get("arguments") or ""
-                    if len(args) > PRUNE_ARGS_OVER:
-                        stub = pruned_arguments(args, uid)
+                    stub = None
+                    if prune and len(args) > PRUNE_ARGS_OVER:
+                        stub, form = pruned_arguments(args, uid), "pruned"
+                    elif clearing.trim_chars and len(args) > clearing.trim_chars:
+                        stub = trimmed_arguments(args, uid)
+                        form = "pruned" if form == "pruned" else "trimmed"
+                    if stub is not None and len(stub) < len(args):
                         stats.chars_saved += len(args) - len(stub)
                         call = {**call, "function": {**fn, "arguments": stub}}
-                        form = "pruned"
                     calls.append(call)
-                if form == "pruned":
-                    stats.pruned += 1
+                if form != "full":
+                    stats.pruned += form == "pruned"
+                    stats.trimmed += form == "trimmed"
                     message = {**message, "tool_calls": calls}
         elif message.get("role") == "tool" and uid is not None:
             content = message.get("content") or ""

@@ -206,3 +206,18 @@ def test_magics_register_notebook_tools_unless_opted_out(tmp_path, monkeypatch):
         assert magics.get_session()._tool_schemas() == []
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_oversized_arguments_are_trimmed_to_valid_json_with_a_handle():
+    from mfs_nb.events import Event
+
+    big = json.dumps({"path": "lib/app.ex", "content": "defmodule App do\n" + "  x = 1\n" * 2000 + "end\n"})
+    events = [Event(1, "s", 1, "user", "write it"),
+              Event(2, "s", 1, "assistant", "", tool_calls=({"id": "w", "type": "function",
+                    "function": {"name": "Write", "arguments": big}},)),
+              Event(3, "s", 1, "tool", "written", tool_call_id="w")]
+    items, stats = apply(pair_tool_messages(events), Clearing(trim_chars=2000))
+    stub = json.loads(items[1][0]["tool_calls"][0]["function"]["arguments"])
+    assert stub["trimmed"].startswith('{"path": "lib/app.ex"') and stub["trimmed"].endswith('end\\n"}')
+    assert stub["note"] == f"arguments of {len(big):,} chars; recall_history(2, 2)"
+    assert items[1][2] == "trimmed" and stats.trimmed == 1 and stats.chars_saved > 10_000
