@@ -101,7 +101,9 @@ def _winner(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + f".{int(time.time() * 1000) % 1000:03d}Z"
+    """UTC time with milliseconds, from one clock reading (two readings could straddle a second)."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
 
 
 def _quote(value: str) -> str:
@@ -311,6 +313,6 @@ class Store:
         if not self._ledger.count_rows():
             return []
         rows = self._ledger.search().where(f"session = {_quote(session)}").limit(None).to_list()
-        rows.sort(key=lambda r: (r["time"], r["seq"]))
+        rows.sort(key=lambda r: (r["seq"], r["time"]))  # one writer's order is its seq; kernels interleave by time
         return [{"seq": r["seq"], "time": r["time"], "kind": r["kind"], **json.loads(r["data"])} for r in rows]
 
