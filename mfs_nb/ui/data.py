@@ -62,42 +62,26 @@ def event_data(event: Event) -> dict[str, Any]:
 
 
 def recall_data(events: Sequence[Event]) -> dict[str, Any]:
-    return {"events": [event_data(e) for e in events]}
+    """The recall viewer's data: each event, and the plain-text form the model's tool also returns."""
+    from ..tools import format_events
 
-
-def _head(d: dict[str, Any]) -> str:
-    head = f"#{d['uid']} {d['role']}"
-    if d["origin"] and d["origin"] != d["role"]:
-        head += f" · {d['origin']}"
-    if d["name"]:
-        head += f" · {d['name']}"
-    return head + f" · turn {d['turn']}"
-
-
-def recall_text_from_data(events: Sequence[dict[str, Any]]) -> str:
-    """Plain-text recall: a header per event, then its exact content."""
-    parts = []
-    for d in events:
-        body = d["content"]
-        if d["tool_calls"]:
-            calls = "; ".join(f"{c['name']}({c['arguments']})" for c in d["tool_calls"])
-            body = (body + "\n" if body else "") + f"[tool calls: {calls}]"
-        parts.append(f"[{_head(d)}]\n{body}")
-    return "\n\n".join(parts)
+    return {"events": [event_data(e) for e in events], "text": format_events(events, max_chars=10**12)}
 
 
 def recall_html_from_data(events: Sequence[dict[str, Any]]) -> str:
     rows = []
     for d in events:
+        head = f"#{d['uid']} {d['role']}" + (f" · {d['origin']}" if d["origin"] and d["origin"] != d["role"] else "")
+        head += (f" · {d['name']}" if d["name"] else "") + f" · turn {d['turn']} · {d['created_at']}"
         calls = "".join(f"<div>→ {html.escape(c['name'])}({html.escape(c['arguments'])})</div>" for c in d["tool_calls"])
         rows.append(f"<details{'' if d['folded'] else ' open'} class='mfs-event'><summary style='font:12px monospace;"
-                    f"color:#555'>{html.escape(_head(d))} · {html.escape(d['created_at'])} ({d['chars']:,} chars)"
-                    f"</summary><pre style='white-space:pre-wrap'>{html.escape(d['content'])}</pre>{calls}</details>")
+                    f"color:#555'>{html.escape(head)} ({d['chars']:,} chars)</summary>"
+                    f"<pre style='white-space:pre-wrap'>{html.escape(d['content'])}</pre>{calls}</details>")
     return "<div class='mfs-recall'>" + "".join(rows) + "</div>"
 
 
 def recall_text(events: Sequence[Event]) -> str:
-    return recall_text_from_data(recall_data(events)["events"])
+    return str(recall_data(events)["text"])
 
 
 def recall_html(events: Sequence[Event]) -> str:

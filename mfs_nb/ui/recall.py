@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .data import recall_html_from_data, recall_text_from_data
+from .data import recall_html_from_data
 from .widget import Widget, esm
 
 
@@ -10,7 +10,7 @@ class RecallView(Widget):
     _esm = esm("recall.js")
 
     def text(self) -> str:
-        return recall_text_from_data(self.data["events"])
+        return str(self.data["text"])
 
     def html(self) -> str:
         return recall_html_from_data(self.data["events"])
