@@ -114,3 +114,19 @@ def test_front_ends_never_write_html_and_bundle_cleanly():
     for name in ("context.js", "recall.js", "ledger.js"):
         code = esm(name)
         assert "from \"./common.js\"" not in code and "export default" in code and "export function h(" in code
+
+
+def test_status_bar_follows_a_background_compaction(store_dir):
+    import threading
+    import time
+
+    s = Session("org", store=store_dir, llm=FakeLLM())
+    bar = StatusBar(data=status_data(s.chat("hi").usage))
+    done = threading.Event()
+    bar.follow(done)
+    assert bar.data["organizing"] == "running"
+    done.set()
+    deadline = time.monotonic() + 5
+    while bar.data.get("organizing") != "done" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert bar.data["organizing"] == "done" and bar.data["line"].startswith("ctx ")
