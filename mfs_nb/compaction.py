@@ -43,7 +43,6 @@ class Pending:
     done: threading.Event = field(default_factory=threading.Event)
     segment: Segment | None = None
     info: dict[str, Any] = field(default_factory=dict)
-    cancelled: bool = False
 
 
 class Compactor:
@@ -345,10 +344,6 @@ class Compactor:
             threading.Thread(target=work, daemon=True, name=f"mfs-precompact-{seq}").start()
         return True
 
-    @property
-    def organizing(self) -> bool:
-        return self.pending is not None and not self.pending.done.is_set()
-
     def take_pending(self, wait: bool = False) -> tuple[Segment, dict[str, Any]] | None:
         """Commit a finished background result (or drop it with commit_rejected)."""
         pending = self.pending
@@ -356,9 +351,9 @@ class Compactor:
             return None
         pending.done.wait()
         self.pending = None
-        if pending.segment is None or pending.cancelled:
+        if pending.segment is None:
             self.s.store.append_compaction(self.s.name, pending.seq, "aborted",
-                                           {"reason": pending.info.get("error", "cancelled")})
+                                           {"reason": pending.info.get("error", "no result")})
             return None
         rejected = self.commit(pending.segment)
         if rejected:
@@ -368,12 +363,6 @@ class Compactor:
             return None
         self.s.store.append_compaction(self.s.name, pending.seq, "finished", {})
         return pending.segment, pending.info
-
-    def cancel(self) -> None:
-        """Drop the background result, whenever it finishes."""
-        if self.pending is not None:
-            self.pending.cancelled = True
-            self.take_pending(wait=True)
 
     # -- the tier hook -----------------------------------------------------------------------
     def on_tier(self, tier: str, synchronous_background: bool) -> list[str]:

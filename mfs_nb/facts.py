@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from .tokens import estimate_tokens
 
 ERROR, COMMAND, PATH, NUMBER = 0, 1, 2, 3
-KIND_NAMES = {ERROR: "error", COMMAND: "command", PATH: "path", NUMBER: "number"}
 
 LINE_CHARS, HEAD, TAIL = 200, 150, 50
 

@@ -226,9 +226,6 @@ class Store:
         winners = (_winner(group) for group in by_key.values())
         return sorted((Event.from_row(r) for r in winners if r is not None), key=lambda e: e.uid)
 
-    def event_count(self, session: str) -> int:
-        return int(self._events.count_rows(f"session = {_quote(session)}"))
-
     def sessions(self) -> list[str]:
         """Every session name that has events or saved settings."""
         names = set()

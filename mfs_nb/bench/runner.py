@@ -14,7 +14,6 @@ from typing import Any, TextIO
 from .. import __version__
 from .data import Data, find_data
 
-DOCS = Path("docs/benchmarks.md")
 HEADER = (
     "# Benchmarks\n\n"
     "Every number on this page was produced by `mfs-nb bench` (sections between `bench:` markers are\n"
