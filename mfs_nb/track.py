@@ -1,0 +1,188 @@
+"""The user-verbatim track of one session (DESIGN §4): classifications, vectors, the rendered track.
+
+Each user message gets one `Verdict`, written once to the store (explicit channels when the
+message is recorded; inferred ones when the message leaves the raw tail), so a restart renders
+the same bytes. The track is a function of (covered prefix, verdicts, budget): it changes only
+when the covered prefix moves, i.e. at compaction events.
+
+The vector layer is switched off for the whole process — and classification falls back to
+explicit channels plus length — when the embedder fails the quality gate or the built-in probe
+trips the stop-loss rule. Any error while classifying one message makes it own words.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import embed, origin, snapshots
+from .origin import OWN, Verdict
+from .tokens import estimate_tokens
+
+if TYPE_CHECKING:
+    from .events import Event
+    from .session import Session
+
+_GATES: dict[str, str | None] = {}  # model id -> reason the vector layer is off (None: on)
+_GATE_LOCK = threading.Lock()
+_CACHE_MAX = 20_000
+
+
+class CachedEmbedder:
+    """Remembers vectors by text, so assistant messages are embedded once per process."""
+
+    def __init__(self, inner: embed.Embedder):
+        self.inner = inner
+        self.model_id = inner.model_id
+        self._vectors: dict[str, np.ndarray] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        with self._lock:
+            need = list(dict.fromkeys(t for t in texts if t not in self._vectors))
+        if need:
+            rows = self.inner.embed(need)
+            with self._lock:
+                if len(self._vectors) > _CACHE_MAX:
+                    self._vectors.clear()
+                self._vectors.update(zip(need, rows))
+        with self._lock:
+            return np.stack([self._vectors[t] for t in texts])
+
+
+def gate_probe() -> list[dict[str, Any]]:
+    """The small labelled probe shipped with the package (own replies vs copies, EN and ZH)."""
+    return json.loads(resources.files("mfs_nb").joinpath("data/gate_probe.json").read_text(encoding="utf-8"))
+
+
+def gate(embedder: CachedEmbedder) -> str | None:
+    """Quality gate, then the stop-loss rule on the shipped probe. None: the layer may run."""
+    problem = embed.quality_problem(embedder.inner)
+    if problem:
+        return problem
+    own_m: list[float] = []
+    quote_m: list[float] = []
+    wrong = total = 0
+    for item in gate_probe():
+        recent = list(enumerate(item["context"], start=1))
+        for text in item["own"]:
+            v = origin.classify(text, recent, embedder, estimate_tokens)
+            own_m.append(v.score)
+            total += 1
+            wrong += v.disposition != OWN
+        for text in item["quote"]:
+            quote_m.append(origin.classify(text, recent, embedder, estimate_tokens).score)
+    return origin.stop_loss(own_m, quote_m, wrong, total)
+
+
+class VerbatimTrack:
+    """Verdicts of one session's user messages and the track built from them."""
+
+    def __init__(self, session: Session):
+        self.s = session
+        self._lock = threading.RLock()
+        self.verdicts: dict[int, Verdict] = {
+            uid: Verdict.from_json(d) for uid, d in session.store.load_verdicts(session.name).items()}
+        self._embedder: CachedEmbedder | None = None
+        self._embedder_for: str | None = None
+        self.off_reason: str | None = None
+        self.notices: list[str] = []
+        self._built: tuple[tuple[int, int], origin.Track | None] | None = None
+
+    # -- the vector layer ------------------------------------------------------------------
+    def vector_layer(self) -> CachedEmbedder | None:
+        """The embedder, loaded and gated once per setting; None when the layer is off."""
+        name = self.s.settings.embedding_model
+        if name == self._embedder_for:
+            return self._embedder
+        self._embedder_for, self._embedder, self.off_reason = name, None, None
+        if name == "off":
+            self.off_reason = "switched off (embedding_model=off)"
+            return None
+        try:
+            cached = CachedEmbedder(embed.load(name))  # type: ignore[arg-type]
+            with _GATE_LOCK:
+                if cached.model_id not in _GATES:
+                    _GATES[cached.model_id] = gate(cached)
+                problem = _GATES[cached.model_id]
+        except Exception as exc:  # a model that cannot load must not cost the turn
+            problem = f"cannot load {name}: {type(exc).__name__}: {exc}"
+        if problem:
+            self.off_reason = problem
+            self.s._log("vector_layer_off", model=name, reason=problem)
+            self.notices.append(f"quote detection is off ({problem}); user messages are classified by explicit "
+                                "channels and length only")
+            return None
+        self._embedder = cached
+        return cached
+
+    # -- verdicts --------------------------------------------------------------------------
+    def add(self, uid: int, verdict: Verdict, model: str = "") -> None:
+        with self._lock:
+            self.s.store.save_verdicts(self.s.name, [_row(uid, verdict, model)])
+            self.verdicts.setdefault(uid, verdict)
+
+    def classify_pending(self, upto: int) -> int:
+        """Give every user message up to `upto` its verdict (once). Returns how many were new."""
+        with self._lock:
+            events = self.s._events
+            todo = [e for e in events if e.role == "user" and e.uid <= upto and e.uid not in self.verdicts]
+            if not todo:
+                return 0
+            embedder = self.vector_layer()
+            rows, vectors, counts = [], [], {d: 0 for d in origin.DISPOSITIONS}
+            for e in todo:
+                verdict = self._classify(e, events, embedder)
+                rows.append(_row(e.uid, verdict, embedder.model_id if embedder else ""))
+                if verdict.vector:
+                    vectors.append((e.uid, list(verdict.vector)))
+                self.verdicts[e.uid] = verdict
+                counts[verdict.disposition] += 1
+            self.s.store.save_verdicts(self.s.name, rows)
+            if embedder is not None and vectors:
+                try:
+                    self.s.store.save_vectors(embedder.model_id, self.s.name, vectors)
+                except Exception:  # vectors are a record, not needed to render the track
+                    pass
+            self.s._log("origin", upto=upto, **{k.replace("+", "_"): v for k, v in counts.items() if v})
+            return len(todo)
+
+    def _classify(self, event: Event, events: Sequence[Event], embedder: CachedEmbedder | None) -> Verdict:
+        try:
+            recent = [(e.uid, e.content) for e in events
+                      if e.uid < event.uid and e.role == "assistant" and e.content.strip()][-origin.RECENT:]
+            verdict = origin.classify(event.content, recent, embedder, estimate_tokens)
+            if verdict.disposition == origin.DOCUMENT:
+                snap = snapshots.write(self.s.store.root, event.content, "message")
+                verdict = Verdict(origin.DOCUMENT, verdict.source, "", None, verdict.score, verdict.chars,
+                                  verdict.first_line, (snap.to_json(),), verdict.vector)
+            return verdict
+        except Exception:  # fail safe: never block, never lose — the message counts as own words
+            return Verdict(OWN, "fallback", event.content, None, 0.0, len(event.content),
+                           origin.first_line(event.content))
+
+    # -- the track ---------------------------------------------------------------------------
+    def build(self, upto: int, budget: int) -> origin.Track | None:
+        """The track for user messages up to `upto` within `budget` tokens (cached per pair)."""
+        key = (upto, budget)
+        if self._built and self._built[0] == key:
+            return self._built[1]
+        if budget <= 0 or upto <= 0:
+            track = None
+        else:
+            self.classify_pending(upto)
+            entries = [(e.uid, origin.render_entry(e.uid, self.verdicts[e.uid])) for e in self.s._events
+                       if e.role == "user" and e.uid <= upto and e.uid in self.verdicts]
+            track = origin.build_track(entries, upto, budget, estimate_tokens)
+        self._built = (key, track)
+        return track
+
+
+def _row(uid: int, verdict: Verdict, model: str) -> dict[str, Any]:
+    return {"uid": uid, "disposition": verdict.disposition, "source": verdict.source, "data": verdict.to_json(),
+            "model": model}
