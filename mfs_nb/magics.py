@@ -38,6 +38,9 @@ def _chat_parser() -> _Parser:
     p.add_argument("--session", "-s")
     p.add_argument("--model", "-m")
     p.add_argument("--no-stream", action="store_true")
+    p.add_argument("--quote", action="store_true", help="the cell is pasted AI output; after a --- line, your note")
+    p.add_argument("--doc", action="append", default=[], metavar="PATH", help="attach a file (repeatable)")
+    p.add_argument("--own", action="store_true", help="your own words, even if long")
     return p
 
 
@@ -152,8 +155,11 @@ class MfsMagics(Magics, Configurable):
     def chat(self, line: str, cell: str) -> None:
         """Chat with the model; the whole conversation is remembered across cells.
 
-        %%chat [--session NAME] [--model M] [--no-stream]
+        %%chat [--session NAME] [--model M] [--no-stream] [--quote] [--doc PATH …] [--own]
         {name} inserts a notebook variable's value ({{ and }} for literal braces).
+        --quote: the cell is pasted AI output; text after a line of --- is your own note.
+        --doc PATH: attach a file as a content-addressed snapshot (repeatable).
+        --own: these are your own words, even if long (no automatic snapshot).
         """
         args = _chat_parser().parse_args(shlex.split(line))
         try:
@@ -165,7 +171,8 @@ class MfsMagics(Magics, Configurable):
                 print(f"mfs: left as written (no such variable): {', '.join('{' + u + '}' for u in unknown)}",
                       file=sys.stderr)
             stream = _Stream(self.shell)
-            reply = session.chat(text, on_delta=stream.delta, on_reset=stream.reset, stream=not args.no_stream)
+            reply = session.chat(text, quote=args.quote, docs=args.doc, own=args.own, on_delta=stream.delta,
+                                 on_reset=stream.reset, stream=not args.no_stream)
             stream.finish(reply.text)
             self._show_status(reply.usage, reply.notices, session)
         except MfsError as exc:
@@ -246,12 +253,12 @@ class MfsMagics(Magics, Configurable):
     # -- %mfs ----------------------------------------------------------------------------
     @line_magic
     def mfs(self, line: str) -> None:
-        """Session management: %mfs status | sessions | new NAME | use NAME | config [key=value …] | ledger | help"""
+        """Session management: %mfs status | sessions | new NAME | use NAME | config [key=value …] | ledger | gc [--dry-run] | help"""
         words = shlex.split(line)
         command, rest = (words[0], words[1:]) if words else ("status", [])
         handler: Callable[[list[str]], None] | None = getattr(self, f"_mfs_{command}", None)
         if handler is None:
-            raise UsageError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, config, ledger, help")
+            raise UsageError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, config, ledger, gc, help")
         try:
             handler(rest)
         except MfsError as exc:
@@ -315,6 +322,21 @@ class MfsMagics(Magics, Configurable):
             values[key.strip()] = value
         new = s.configure(**values)
         print("; ".join(f"{k} = {getattr(new, k)!r}" for k in values))
+
+    def _mfs_gc(self, rest: list[str]) -> None:
+        """Remove snapshots nothing references any more (after a 48 h grace); --dry-run only lists them."""
+        from . import snapshots
+
+        if rest not in ([], ["--dry-run"]):
+            raise UsageError("%mfs gc [--dry-run]")
+        dry = rest == ["--dry-run"]
+        live = [e.content for s in self._sessions.values() for e in s.events if snapshots.DIR in e.content]
+        gone = snapshots.garbage(self._get_store(), live, ["."], dry_run=dry)
+        verb = "would remove" if dry else "removed"
+        if not gone:
+            print("no unreferenced snapshots older than 48 h")
+        for path, size in gone:
+            print(f"{verb} {path} ({size:,} bytes)")
 
     def _mfs_ledger(self, rest: list[str]) -> None:
         from .ui.data import ledger_data

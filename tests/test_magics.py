@@ -122,3 +122,19 @@ def test_parsers():
     assert parse_uid_range("102 140") == (102, 140)
     assert parse_uid_range("#102") == (102, None)
     assert substitute("{{a}} {b}", {"b": 1}) == ("{a} 1", [])
+
+
+def test_chat_channels_and_gc(ip, capsys, tmp_path):
+    doc = tmp_path / "notes.md"
+    doc.write_text("# Notes\nthe pool is 30\n")
+    ip.run_cell_magic("chat", f"--doc {doc}", "What does the note say?")
+    capsys.readouterr()
+    session = ip.find_magic("mfs", "line").__self__.get_session()
+    verdict = session.verbatim.verdicts[1]
+    assert verdict.disposition == "document" and verdict.snapshots[0]["path"].endswith("-notes.md")
+    ip.run_cell_magic("chat", "--quote", "No model is configured\n---\nwhy not?")
+    assert session.verbatim.verdicts[3].disposition == "quote+note"
+    ip.run_cell_magic("chat", f"--doc {tmp_path / 'missing.md'}", "x")
+    assert "mfs: --doc" in capsys.readouterr().err and len(session.events) == 4  # nothing recorded
+    ip.run_line_magic("mfs", "gc --dry-run")
+    assert "no unreferenced snapshots" in capsys.readouterr().out
