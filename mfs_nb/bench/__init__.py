@@ -8,6 +8,7 @@ regenerated in place. A suite whose data is missing is skipped with a message.
 
 from __future__ import annotations
 
-from . import clearing, compaction, tokens
+from . import clearing, compaction, tokens, verbatim
 
-SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compaction}
+SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compaction,
+          verbatim.NAME: verbatim}
