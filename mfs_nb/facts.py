@@ -39,7 +39,7 @@ _NUMBER = re.compile(
     r"weeks?|months?|years?|[KMGT]i?B|[kKMG]\b|bytes?|tokens?|req/s|qps|rps|rows?|cols?|items?|files?|tests?|"
     r"users?|connections?|replicas?|cores?|GHz|MHz|px|pt|em|km|m|cm|mm|kg|g|mg|lbs?|USD|EUR|CNY|RMB|dollars?|"
     r"元|块|万|亿|千|百|美元|人民币|公里|米|厘米|千克|公斤|克|小时|分钟|秒|天|周|年|月|日|号|点|岁|个|次|张|间|人|家|"
-    r"层|星|分|度|倍)|\b\d{4}-\d{1,2}-\d{1,2}\b|\b\d{1,2}:\d{2}\b|\d{4}年\d{1,2}月|\b\d{3,4}[-\s]\d{3,4}[-\s]?\d{0,4}\b"
+    r"层|星|分|度|倍)(?![A-Za-z])|\b\d{4}-\d{1,2}-\d{1,2}\b|\b\d{1,2}:\d{2}\b|\d{4}年\d{1,2}月|\b\d{3,4}[-\s]\d{3,4}[-\s]?\d{0,4}\b"
     r"|\b[A-Z]{2,}[-_]?\d{2,}\b|\b[0-9a-f]{7,40}\b|\b\d[\d,.]*\b|[零一二三四五六七八九十百千万亿]+[元万亿个次天年月日号])"
 )
 _SENTENCE = re.compile(r"(?<=[.!?。！？；;])\s+|(?<=[。！？；])")
