@@ -24,6 +24,7 @@ from .clearing import Clearing
 from .compaction import Compactor
 from .errors import ConfigError, InputError, MfsError, PromptTooLong
 from .events import Event, clean_text
+from .facts import FactTrack, fact_track
 from .llm import LLM, Completion, default_endpoints, is_offline, missing_key, model_window, redact
 from .meter import Meter
 from .origin import (
@@ -149,6 +150,7 @@ class Session:
         self.verbatim = VerbatimTrack(self)
         self.compactor = Compactor(self)
         self._raw_cache = RawCache()
+        self._fact_cache: tuple[Any, FactTrack | None] | None = None
         if self.settings.window_tokens:
             self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
 
@@ -286,8 +288,26 @@ class Session:
         state = clearing or self.clearing_state()
         # only the view in force uses the cache; trial views (S2 options) are projected in full
         cache = self._raw_cache if clearing is None else None
+        track = self.track()
         return project(self._events, self._system(), self._count, state, self.compactor.segments,
-                       self.compactor.evicted, cache, self.track())
+                       self.compactor.evicted, cache, track, self.fact_track(track))
+
+    def fact_track(self, track: Any = None) -> FactTrack | None:
+        """Fact lines of the covered history that neither a segment in the payload nor the
+        user-verbatim track shows, within `fact_share` (newest first). Changes only at compaction events."""
+        upto = self.compactor.covered_to
+        budget = int(self.settings.fact_share * self.profile().effective)
+        segments = self.compactor.segments
+        kept = tuple(track.kept) if track is not None else ()
+        key = (upto, tuple(x.id for x in segments), budget, kept)
+        if self._fact_cache is not None and self._fact_cache[0] == key:
+            return self._fact_cache[1]
+        built = None
+        if upto and budget:
+            shown = {ln[2:].rsplit(" [#", 1)[0] for x in segments for ln in x.facts.splitlines() if ln.startswith("- ")}
+            built = fact_track(self._events, upto, shown, set(kept), budget, "\n".join(x.render() for x in segments))
+        self._fact_cache = (key, built)
+        return built
 
     def track(self) -> Any:
         """The user-verbatim track in force: user messages the segments cover, within its budget."""

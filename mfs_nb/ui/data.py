@@ -93,7 +93,7 @@ def _label(kind: str, level: int | None, index: int, n_segments: int) -> str:
     if kind == "segment":
         return f"L{level} segment" if level else "L0 segment"
     return {"system": "system", "evicted": "evicted maps", "raw": "raw tail", "dropped": "dropped",
-            "verbatim": "user's words"}.get(kind, kind)
+            "verbatim": "user's words", "facts": "fact lines"}.get(kind, kind)
 
 
 def context_data(session: Any) -> dict[str, Any]:

@@ -1,0 +1,62 @@
+"""The fact track: fact lines of the compacted history outlive their segment maps."""
+
+from __future__ import annotations
+
+from conftest import FakeLLM
+
+from mfs_nb import Session
+from mfs_nb.events import Event
+from mfs_nb.facts import fact_track
+
+
+def _events(n: int) -> list[Event]:
+    out = []
+    for i in range(1, n + 1):
+        role = "user" if i % 2 else "assistant"
+        out.append(Event(i, "s", (i + 1) // 2, role, f"message {i}: the limit is {1000 + i} rows in data/t{i}.csv"))
+    return out
+
+
+def test_newest_lines_first_and_the_rest_named():
+    events = _events(40)
+    full = fact_track(events, 40, set(), set(), 10_000)
+    assert full is not None and full.dropped is None
+    assert "- message 1: the limit is 1001 rows in data/t1.csv [#1]" in full.text
+    small = fact_track(events, 40, set(), set(), 200)
+    assert small is not None and small.dropped is not None and small.dropped[0] == 1
+    assert "[#40]" in small.text and "[#1]" not in small.text.split("\n", 2)[2]
+    assert f"uids 1–{small.dropped[1]} left for the budget" in small.text
+    assert fact_track(events, 40, set(), set(), 0) is None
+
+
+def test_lines_shown_elsewhere_are_not_repeated():
+    events = _events(6)
+    shown = {"message 2: the limit is 1002 rows in data/t2.csv"}
+    track = fact_track(events, 6, shown, {1, 3}, 10_000, shown_text="… message 4: the limit is 1004 rows in data/t4.csv …")
+    assert track is not None
+    assert "[#2]" not in track.text and "[#4]" not in track.text  # in a segment's list or its text
+    assert "[#1]" not in track.text and "[#3]" not in track.text  # kept whole by the user-verbatim track
+    assert "[#5]" in track.text and "[#6]" in track.text
+    assert fact_track(events, 0, set(), set(), 10_000) is None
+
+
+def test_facts_survive_the_eviction_of_their_segment_map(store_dir):
+    s = Session("ft", store=store_dir, window_tokens=8000, llm=FakeLLM())
+    for i in range(160):
+        s.record("user", f"turn {i}", new_turn=True)
+        s.prepare_call()
+        s.record("assistant", f"Measured: service-{i} answered in {300 + i} ms under load. " + "Filler words. " * 60)
+        if s.compactor.evicted:
+            break
+    assert s.compactor.evicted, "the test needs an evicted segment map"
+    view = s.send_view()
+    kinds = [x.kind for x in view.layers]
+    assert kinds.index("facts") > kinds.index("segment") if "segment" in kinds else "facts" in kinds
+    text = view.messages[kinds.index("facts")]["content"]
+    first_evicted = s.compactor.evicted[0][0]
+    assistant = next(e for e in s.events if e.role == "assistant" and e.uid >= first_evicted)
+    assert f"[#{assistant.uid}]" in text  # an evicted map's fact is still in the payload, verbatim
+    s.record("user", "an ordinary turn", new_turn=True)
+    s.record("assistant", "ok")
+    again = s.send_view()
+    assert again.messages[kinds.index("facts")]["content"] == text  # only compaction events rebuild it
