@@ -76,3 +76,26 @@ def test_mfs_run_maps_its_raw_tail_back_to_the_transcript():
     assert raw and raw == list(range(raw[0], len(msgs) - 1))  # a contiguous suffix before the last reply
     assert all(run.final[k]["content"] == msgs[r]["content"] for k, r in enumerate(run.final_raw) if r is not None)
     assert report["coverage"]["lost"] == 0 and len(uid_of) == len(msgs)
+
+
+class _Data:
+    def __init__(self, sets: dict):
+        self.sets = sets
+
+    def get(self, name: str) -> list:
+        return self.sets[name]
+
+
+def test_overhead_and_production_comparison():
+    msgs = transcript(40)
+    over = sidebyside.overhead(msgs, (20, 60), window=8_000)
+    assert set(over) == {20, 60} and all(v["ordinary_p50"] >= 0 and v["calls"] > 0 for v in over.values())
+    loader_msgs = [{"role": m["role"], "content": m["content"]} for m in transcript(30)]
+    session = {"id": "abcdef123456", "messages": loader_msgs, "compact_at": 40, "pre_tokens": 9000,
+               "compact_summary": "Summary: service-3 uses 103 connections; see deploy/svc3.yaml."}
+    rows = sidebyside.production(_Data({"claude_code_sessions": [session, {"id": "x", "messages": [],
+                                                                           "compact_at": None}]}))
+    assert [r["facts"] for r in rows] == ["stated", "all"] and rows[0]["session"] == "abcdef12"
+    r = rows[0]
+    assert r["items"] == r["both"] + r["mfs_only"] + r["production_only"] + r["neither"]
+    assert r["mfs"] > r["production"] > 0  # at 200k nothing left the window; the summary kept a few atoms
