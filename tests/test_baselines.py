@@ -88,7 +88,7 @@ class _Data:
 
 def test_overhead_and_production_comparison():
     msgs = transcript(40)
-    over = sidebyside.overhead(msgs, (20, 60), window=8_000)
+    over = sidebyside.overhead(msgs, (20, 60), window=8_000, turns=4)
     assert set(over) == {20, 60} and all(v["ordinary_p50"] >= 0 and v["calls"] > 0 for v in over.values())
     loader_msgs = [{"role": m["role"], "content": m["content"]} for m in transcript(30)]
     session = {"id": "abcdef123456", "messages": loader_msgs, "compact_at": 40, "pre_tokens": 9000,

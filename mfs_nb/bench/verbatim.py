@@ -299,7 +299,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "Survival counts each own-words message whose full text is in the final payload (raw tail or track). "
             "The naive track keeps every user message whole, newest first, within the same budget; pastes of long "
             "replies and documents crowd it out. Seed reference: under 30 % → about 90 %. Where the compacted own "
-            "words alone come near the budget (LoCoMo #2: 8.4k of 10k, next to labelled quote+note entries), the "
+            "words alone come near the budget (LoCoMo #2: about 8.5k of 10k, next to labelled quote+note entries), the "
             "oldest leave the track, named and recallable.",
         ],
         "metrics": metrics,
