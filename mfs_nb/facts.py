@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from .events import Event
-from .tokens import estimate_tokens
+from .tokens import estimate_tokens, newest_within
 
 ERROR, COMMAND, PATH, NUMBER = 0, 1, 2, 3
 
@@ -160,42 +160,27 @@ class FactTrack:
     tokens: int
 
 
-def fact_track(events: Iterable[Event], upto: int, shown: set[str], skip_uids: set[int], budget: int,
-               shown_text: str = "") -> FactTrack | None:
+def fact_track(events: Iterable[Event], upto: int, skip_uids: set[int], budget: int, shown_text: str = ""
+               ) -> FactTrack | None:
     """Newest lines first within `budget` tokens; the older rest is named as recallable.
-    `shown`: fact texts the segments in the payload already carry (and `shown_text`, their whole
-    text: a line quoted word for word in a segment is not repeated); `skip_uids`: messages the
-    user-verbatim track keeps whole. Rebuilt only when the covered prefix moves."""
+    `shown_text`: what the segments in the payload say (their fact lists and prose); a line found
+    there word for word is not repeated. `skip_uids`: messages the user-verbatim track keeps
+    whole. Rebuilt only when the covered prefix moves."""
     if budget <= 0:
         return None
     lines: list[tuple[int, str]] = []
-    seen = set(shown)
+    seen: set[str] = set()
     for e in events:
-        uid = e.uid
-        if uid > upto or e.role not in ("user", "assistant") or uid in skip_uids:
+        if e.uid > upto or e.role not in ("user", "assistant") or e.uid in skip_uids:
             continue
-        for f in extract(e.content, uid):
+        for f in extract(e.content, e.uid):
             if f.text not in seen and f.text not in shown_text:
                 seen.add(f.text)
-                lines.append((uid, f"- {f.text} [#{uid}]"))
-    if not lines:
-        return None
+                lines.append((e.uid, f"- {f.text} [#{e.uid}]"))
     header = f"[fact lines of the compacted history up to #{upto}, verbatim; recall_history gives their context]"
-    used = estimate_tokens(header) + 40
-    kept: list[tuple[int, str]] = []
-    for uid, line in reversed(lines):
-        cost = estimate_tokens(line) + 1
-        if used + cost > budget:
-            break
-        kept.append((uid, line))
-        used += cost
+    kept, dropped = newest_within(lines, budget - estimate_tokens(header) - 40)
     if not kept:
         return None
-    kept.reverse()
-    dropped = None
-    if len(kept) < len(lines):
-        older = [uid for uid, _ in lines[: len(lines) - len(kept)]]
-        dropped = (older[0], older[-1])
     body = [header]
     if dropped:
         body.append(f"[older fact lines of uids {dropped[0]}–{dropped[1]} left for the budget; recall_history "

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from .tokens import newest_within
+
 OWN, QUOTE, QUOTE_NOTE, DOCUMENT = "own", "quote", "quote+note", "document"
 DISPOSITIONS = (OWN, QUOTE, QUOTE_NOTE, DOCUMENT)
 
@@ -272,20 +274,8 @@ def build_track(entries: Sequence[tuple[int, str]], upto: int, budget: int,
         return None
     header = (f"[the user's own words up to #{upto}, verbatim and never summarized; quoted AI output and "
               "documents are pointers]")
-    used = count_tokens(header) + 40  # room for the note on dropped entries
-    kept: list[tuple[int, str]] = []
-    for uid, line in reversed(entries):
-        cost = count_tokens(line) + 2
-        if used + cost > budget:
-            break
-        kept.append((uid, line))
-        used += cost
-    kept.reverse()
-    dropped = None
-    if len(kept) < len(entries):
-        first_kept = kept[0][0] if kept else upto + 1
-        older = [uid for uid, _ in entries if uid < first_kept]
-        dropped = (older[0], older[-1])
+    # room for the header and the note on dropped entries
+    kept, dropped = newest_within(entries, budget - count_tokens(header) - 40, 2, count_tokens)
     lines = [header]
     if dropped:
         lines.append(f"[older user messages #{dropped[0]}–#{dropped[1]} left this track for its budget; "

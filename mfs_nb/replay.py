@@ -148,10 +148,9 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
                     on_call(s, plan)
             if msg.role == "user":  # through the same channel as %%chat: a pasted document becomes a snapshot
                 event = s.record_user(msg.content)
-                uids[str(index)] = event.uid
-                continue
-            event = s.record(msg.role, msg.content, tool_calls=msg.tool_calls or None, tool_call_id=msg.tool_call_id,
-                             name=msg.name, new_turn=msg.role == "user", origin=msg.role)
+            else:
+                event = s.record(msg.role, msg.content, tool_calls=msg.tool_calls or None,
+                                 tool_call_id=msg.tool_call_id, name=msg.name, origin=msg.role)
             uids[str(index)] = event.uid
         final = s.send_view()
         coverage = s.coverage()

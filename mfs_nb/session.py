@@ -304,8 +304,7 @@ class Session:
             return self._fact_cache[1]
         built = None
         if upto and budget:
-            shown = {ln[2:].rsplit(" [#", 1)[0] for x in segments for ln in x.facts.splitlines() if ln.startswith("- ")}
-            built = fact_track(self._events, upto, shown, set(kept), budget, "\n".join(x.render() for x in segments))
+            built = fact_track(self._events, upto, set(kept), budget, "\n".join(x.render() for x in segments))
         self._fact_cache = (key, built)
         return built
 
@@ -473,12 +472,6 @@ class Session:
             text = ""
         else:
             text = self._check_message(text)
-        if quote and own:
-            raise InputError("a message is either --quote or --own, not both")
-        if quote:
-            pasted, _ = split_quote(text)
-            if not pasted:
-                raise InputError("--quote: nothing to quote above the --- line; paste the AI output first")
         with self._lock:
             missing = missing_key(self.settings.model, self.settings.api_base) if self._injected_llm is None else None
             if missing:
@@ -555,7 +548,12 @@ class Session:
 
     def _channel(self, text: str, quote: bool, attached: list[tuple[str, str]], own: bool,
                  notices: list[str]) -> tuple[str, Verdict | None]:
-        """The content to record and the explicit verdict of the user's chosen channel (if any)."""
+        """The content to record and the explicit verdict of the user's chosen channel (if any).
+        Checks come first: nothing is written when the channel cannot be used."""
+        if quote and own:
+            raise InputError("a message is either --quote or --own, not both")
+        if quote and not split_quote(text)[0]:
+            raise InputError("--quote: nothing to quote above the --- line; paste the AI output first")
         root = self.store.root
         if attached:
             budget = int(self.profile().effective * MAX_MESSAGE_SHARE) - estimate_tokens(text) - 200
@@ -611,13 +609,7 @@ class Session:
             raise InputError("the message is empty: write something under %%chat")
         if "\x00" in text:
             raise InputError("the message contains NUL bytes, which looks like binary data; paste text instead")
-        limit = int(self.profile().effective * MAX_MESSAGE_SHARE)
-        size = estimate_tokens(text)
-        if size > limit:
-            raise InputError(
-                f"the message is about {size:,} tokens ({len(text):,} chars), more than half of the "
-                f"{self.profile().effective:,}-token usable window; shorten or split it"
-            )
+        self._check_size(text, "the message")
         return text
 
     # -- ledger and persistence ------------------------------------------------------------

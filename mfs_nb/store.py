@@ -400,8 +400,9 @@ class Store:
         return {int(r["uid"]): list(r["vector"]) for r in rows}
 
     def texts_naming(self, needle: str) -> list[str]:
-        """Event contents and verbatim rows (of every session) that contain `needle`."""
-        like = needle.replace("'", "''").replace("%", "").replace("_", "")
+        """Event contents and verbatim rows (of every session) that contain `needle` (`%` and `_` act
+        as LIKE wildcards, so the answer may hold more; callers filter it exactly)."""
+        like = needle.replace("'", "''")
         out: list[str] = []
         for table, column in ((self._events, "content"), (self._verbatim, "data")):
             if table.count_rows():

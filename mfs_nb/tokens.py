@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from importlib import resources
 from typing import Any
@@ -128,6 +129,24 @@ def message_tokens(message: dict[str, Any], count=estimate_tokens) -> int:
         fn = call.get("function") or {}
         n += 3 + count(fn.get("name") or "") + count(fn.get("arguments") or "")
     return n
+
+
+def newest_within(items: Sequence[tuple[int, str]], budget: int, per_item: int = 1,
+                  count: Callable[[str], int] = estimate_tokens) -> tuple[list[tuple[int, str]], tuple[int, int] | None]:
+    """The newest (uid, text) items that fit `budget` tokens (each costs its tokens + `per_item`),
+    in their order, and the uid range of the older items left out (None when all fit). Used by
+    the tracks, which keep a suffix so that what is dropped is one recallable range."""
+    kept: list[tuple[int, str]] = []
+    used = 0
+    for uid, text in reversed(items):
+        cost = count(text) + per_item
+        if used + cost > budget:
+            break
+        kept.append((uid, text))
+        used += cost
+    kept.reverse()
+    left = len(items) - len(kept)
+    return kept, ((items[0][0], items[left - 1][0]) if left else None)
 
 
 def _ensure_tiktoken_cache() -> None:

@@ -44,15 +44,15 @@ class CachedEmbedder:
 
     def __call__(self, texts: list[str]) -> np.ndarray:
         with self._lock:
-            need = list(dict.fromkeys(t for t in texts if t not in self._vectors))
+            known = {t: self._vectors[t] for t in texts if t in self._vectors}
+        need = [t for t in dict.fromkeys(texts) if t not in known]
         if need:
-            rows = self.inner.embed(need)
+            known.update(zip(need, self.inner.embed(need)))
             with self._lock:
                 if len(self._vectors) > _CACHE_MAX:
                     self._vectors.clear()
-                self._vectors.update(zip(need, rows))
-        with self._lock:
-            return np.stack([self._vectors[t] for t in texts])
+                self._vectors.update((t, known[t]) for t in need)
+        return np.stack([known[t] for t in texts])
 
 
 def gate_probe() -> list[dict[str, Any]]:

@@ -19,25 +19,25 @@ def _events(n: int) -> list[Event]:
 
 def test_newest_lines_first_and_the_rest_named():
     events = _events(40)
-    full = fact_track(events, 40, set(), set(), 10_000)
+    full = fact_track(events, 40, set(), 10_000)
     assert full is not None and full.dropped is None
     assert "- message 1: the limit is 1001 rows in data/t1.csv [#1]" in full.text
-    small = fact_track(events, 40, set(), set(), 200)
+    small = fact_track(events, 40, set(), 200)
     assert small is not None and small.dropped is not None and small.dropped[0] == 1
     assert "[#40]" in small.text and "[#1]" not in small.text.split("\n", 2)[2]
     assert f"uids 1–{small.dropped[1]} left for the budget" in small.text
-    assert fact_track(events, 40, set(), set(), 0) is None
+    assert fact_track(events, 40, set(), 0) is None
 
 
 def test_lines_shown_elsewhere_are_not_repeated():
     events = _events(6)
-    shown = {"message 2: the limit is 1002 rows in data/t2.csv"}
-    track = fact_track(events, 6, shown, {1, 3}, 10_000, shown_text="… message 4: the limit is 1004 rows in data/t4.csv …")
+    shown = "- message 2: the limit is 1002 rows in data/t2.csv [#2]\n… message 4: the limit is 1004 rows in data/t4.csv …"
+    track = fact_track(events, 6, {1, 3}, 10_000, shown_text=shown)
     assert track is not None
     assert "[#2]" not in track.text and "[#4]" not in track.text  # in a segment's list or its text
     assert "[#1]" not in track.text and "[#3]" not in track.text  # kept whole by the user-verbatim track
     assert "[#5]" in track.text and "[#6]" in track.text
-    assert fact_track(events, 0, set(), set(), 10_000) is None
+    assert fact_track(events, 0, set(), 10_000) is None
 
 
 def test_facts_survive_the_eviction_of_their_segment_map(store_dir):
@@ -51,7 +51,7 @@ def test_facts_survive_the_eviction_of_their_segment_map(store_dir):
     assert s.compactor.evicted, "the test needs an evicted segment map"
     view = s.send_view()
     kinds = [x.kind for x in view.layers]
-    assert kinds.index("facts") > kinds.index("segment") if "segment" in kinds else "facts" in kinds
+    assert "facts" in kinds and kinds.index("facts") < kinds.index("raw")
     text = view.messages[kinds.index("facts")]["content"]
     first_evicted = s.compactor.evicted[0][0]
     assistant = next(e for e in s.events if e.role == "assistant" and e.uid >= first_evicted)
