@@ -39,25 +39,7 @@ def test_strategies_fit_the_window_and_behave_as_named():
     assert kept_users and all(msgs[r]["role"] == "user" for r in kept_users)
 
 
-def test_atoms_and_fact_survival():
-    found = sidebyside.atoms("TimeoutError after 30.0 s in deploy/pool.yaml; run `pytest -k pool` with 120 users")
-    assert {"TimeoutError", "30.0 s", "deploy/pool.yaml", "pytest -k pool", "120 users"} <= found
-    msgs = [{"role": "user", "content": "the limit is 4242 rows in data/big.csv"},
-            {"role": "assistant", "content": "ok, 4242 rows"},
-            {"role": "user", "content": "and the port is 8081"},
-            {"role": "assistant", "content": "fine"}]
-    final = [{"role": "system", "content": "s"}, {"role": "user", "content": "summary: 4242 rows"},
-             msgs[2]]
-    stated, every, n = sidebyside.fact_survival(msgs, final, [None, None, 2], 3)
-    # left: messages 0 and 1; their atoms 4242 rows, data/big.csv, (4242); the summary keeps "4242 rows"
-    assert n == len(sidebyside.atoms(msgs[0]["content"]) | sidebyside.atoms(msgs[1]["content"]))
-    assert 0 < stated < 1 and every == stated
-
-
-def test_named_uids_prefix_ratio_and_user_words():
-    texts = ["[segment #3 · uids 12–15]\n- a fact [#40]", "[earlier history, uids 1–3, 5–6, was compressed]",
-             "[older user messages #20–#22 left this track]"]
-    assert sidebyside.named_uids(texts) == {12, 13, 14, 15, 40, 1, 2, 3, 5, 6, 20, 21, 22}
+def test_prefix_ratio_and_user_words():
     a = [{"role": "system", "content": "s"}, {"role": "user", "content": "one"}]
     b = a + [{"role": "assistant", "content": "two"}]
     c = [{"role": "system", "content": "s"}, {"role": "user", "content": "changed"}]
@@ -67,15 +49,17 @@ def test_named_uids_prefix_ratio_and_user_words():
     msgs = [{"role": "user", "content": "keep me"}, {"role": "assistant", "content": "x"},
             {"role": "user", "content": "lost words here"}, {"role": "assistant", "content": "y"}]
     assert 0 < sidebyside.user_words(msgs, [{"role": "user", "content": "keep me"}], 4) < 1
+    tagged = [{"role": "user", "content": "[#3] lost words here"}]  # a uid tag does not hide a kept message
+    assert sidebyside.user_words(msgs, tagged, 4) > 0
 
 
-def test_mfs_run_maps_its_raw_tail_back_to_the_transcript():
+def test_mfs_run_marks_its_memory_layers():
     msgs = transcript(60)
-    run, uid_of, report = sidebyside.run_mfs(msgs, 8_000)
-    raw = [r for r in run.final_raw if r is not None]
-    assert raw and raw == list(range(raw[0], len(msgs) - 1))  # a contiguous suffix before the last reply
-    assert all(run.final[k]["content"] == msgs[r]["content"] for k, r in enumerate(run.final_raw) if r is not None)
-    assert report["coverage"]["lost"] == 0 and len(uid_of) == len(msgs)
+    run, memory, report = sidebyside.run_mfs(msgs, 8_000)
+    assert len(memory) == len(run.final) and not memory[0]  # the system prompt is not memory
+    assert any(memory)  # 8k: the history was compacted into segments and tracks
+    assert all(run.final[k]["role"] == "user" for k, is_memory in enumerate(memory) if is_memory)
+    assert report["coverage"]["lost"] == 0 and len(report["uids"]) == len(msgs)
 
 
 class _Data:
@@ -90,12 +74,23 @@ def test_overhead_and_production_comparison():
     msgs = transcript(40)
     over = sidebyside.overhead(msgs, (20, 60), window=8_000, turns=4)
     assert set(over) == {20, 60} and all(v["ordinary_p50"] >= 0 and v["calls"] > 0 for v in over.values())
-    loader_msgs = [{"role": m["role"], "content": m["content"]} for m in transcript(30)]
-    session = {"id": "abcdef123456", "messages": loader_msgs, "compact_at": 40, "pre_tokens": 9000,
+    loader_msgs = [{"role": m["role"], "content": m["content"]} for m in transcript(70)]
+    session = {"id": "abcdef123456", "messages": loader_msgs, "compact_at": 120, "pre_tokens": 9000,
                "compact_summary": "Summary: service-3 uses 103 connections; see deploy/svc3.yaml."}
     rows = sidebyside.production(_Data({"claude_code_sessions": [session, {"id": "x", "messages": [],
-                                                                           "compact_at": None}]}))
-    assert [r["facts"] for r in rows] == ["stated", "all"] and rows[0]["session"] == "abcdef12"
-    r = rows[0]
-    assert r["items"] == r["both"] + r["mfs_only"] + r["production_only"] + r["neither"]
-    assert r["mfs"] > r["production"] > 0  # at 200k nothing left the window; the summary kept a few atoms
+                                                                           "compact_at": None}]}), window=8_000)
+    assert [r["payload"] for r in rows] == ["production summary", "mfs_nb memory layers, cut to the summary's size",
+                                            "mfs_nb memory layers, whole", "mfs_nb full payload at 8k"]
+    summary, cut, whole, full = rows
+    assert summary["session"] == "abcdef12" and summary["n_facts"] == cut["n_facts"] > 0
+    # equal size means equal size: the cut layers are no larger than the summary
+    assert cut["tokens"] <= summary["tokens"] and whole["tokens"] >= cut["tokens"]
+    assert full["facts"] >= whole["facts"] >= cut["facts"] and whole["facts"] > 0
+
+
+def test_head_within_cuts_each_layer_in_proportion():
+    layers = [{"role": "user", "content": "alpha " * 400}, {"role": "user", "content": "beta " * 100}]
+    cut = sidebyside.head_within(layers, 100)
+    sizes = [sidebyside.estimate_tokens(m["content"]) for m in cut]
+    assert sum(sizes) <= 100 and sizes[0] > sizes[1] > 0
+    assert sidebyside.head_within(layers, 10_000) == layers

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..offline import extractive_summary
-from ..tokens import message_tokens
+from ..tokens import estimate_tokens, message_tokens
 from ..usage import ContextProfile
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
@@ -128,3 +128,39 @@ def simulate(name: str, messages: Sequence[dict[str, Any]], window: int, n_excha
 
 
 STRATEGIES = ("last-n", "truncate", "rolling", "user+summary")
+
+
+ADVERSARIAL = ("bag-of-atoms", "uid-map")
+"""Strategies that keep nothing a model could use, kept in the harness so that a metric which
+rewards them shows up at once: every atom of the history with no context, and segment headers
+with no prose. Both keep the same raw tail as ``rolling`` and fill the same budget."""
+
+
+def adversarial(name: str, messages: Sequence[dict[str, Any]], window: int, atoms: Sequence[str]) -> Run:
+    """The final payload of adversarial strategy `name` before the last assistant message;
+    `atoms` is every atom of the history, oldest first."""
+    eff = ContextProfile(window).effective
+    counts = [message_tokens(m) for m in messages]
+    last = max((j for j, x in enumerate(messages) if x.get("role") == "assistant"), default=0)
+    start = _fit_from(messages, 0, last, int(KEEP_TAIL * eff), counts)
+    budget = eff - message_tokens(SYSTEM) - sum(counts[start:last])
+    if name == "bag-of-atoms":
+        items = list(dict.fromkeys(atoms))
+    elif name == "uid-map":
+        items = [f"[segment #{k + 1} · uids {a + 1}–{min(a + 40, start)}]" for k, a in enumerate(range(0, start, 40))]
+    else:
+        raise ValueError(f"unknown adversarial strategy: {name}")
+    lines: list[str] = []
+    used = 0
+    for item in items:
+        cost = estimate_tokens(item) + 1
+        if used + cost > budget:
+            break
+        lines.append(item)
+        used += cost
+    run = Run()
+    note = {"role": "user", "content": "\n".join(lines)}
+    run.final = [SYSTEM, note, *messages[start:last]]
+    run.final_raw = [None, None, *range(start, last)]
+    run.payloads, run.events = [run.final], [False]
+    return run
