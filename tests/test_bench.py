@@ -23,10 +23,21 @@ LOADERS = textwrap.dedent('''
         return [{"id": "c1", "messages": _chat(700, "en"), "questions": []}]
 
     def kdconv():
-        return [{"id": f"k{j}", "messages": _chat(20, "zh")} for j in range(3)]
+        convs = [{"id": f"k{j}", "messages": _chat(20, "zh")} for j in range(3)]
+        for m in convs[0]["messages"]:
+            m["facts"] = [("上海", "Information", "上海是中国的直辖市，人口约2487万。" + m["content"])]
+        return convs
 
     def crosswoz():
         return [{"id": "w1", "messages": _chat(20, "zh")}]
+
+    def taubench_airline():
+        msgs = [{"role": "system", "content": "policy"}, {"role": "user", "content": "Change flight HAT170 please."},
+                {"role": "assistant", "content": "", "tool_calls": [{"name": "get_reservation_details",
+                                                                     "arguments": {"reservation_id": "4WQ150"}}]},
+                {"role": "tool", "content": '{"reservation_id": "4WQ150", "price": 1234}'},
+                {"role": "assistant", "content": "Your reservation 4WQ150 costs $1234."}]
+        return [{"id": "t1", "messages": msgs}]
 
     def claude_code_sessions():
         msgs = [{"role": "user", "content": "run the tests"}]
@@ -52,9 +63,12 @@ def test_tokens_suite_runs_and_regenerates_its_docs_section(tmp_path, capsys):
     result = json.loads(out.read_text())["suites"]["tokens"]
     mae = result["metrics"]["message_mae"]["o200k_base"]
     assert set(mae) == {"English chat (LoCoMo)", "Chinese chat (KdConv, CrossWOZ)",
-                        "tool output and code (coding-agent sessions)"}
+                        "tool output and code (coding-agent sessions)", "English chat (tau-bench airline)",
+                        "tool calls and results (tau-bench airline)", "Chinese prose (KdConv knowledge texts)"}
     assert all(0 <= v < 0.5 for v in mae.values())
-    assert result["metrics"]["pressure"]["turns"] == 60
+    pressure = result["metrics"]["pressure"]
+    assert [p["window"] for p in pressure] == [8_000, 32_000] and all(p["turns"] == 60 for p in pressure)
+    assert all(p["mean_abs_error"] > 0 for p in pressure)  # the provider does not count the estimator's way
     assert result["metrics"]["throughput_mb_s"] > 0
     assert "S0 token accounting" in capsys.readouterr().out
 
