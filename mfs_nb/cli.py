@@ -29,6 +29,11 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="subsampled run that fits in a few minutes")
     b.add_argument("--docs", default="docs/benchmarks.md",
                    help="markdown file whose sections are regenerated ('' to leave docs alone)")
+    b.add_argument("--model", help="qa: the model that answers (any litellm name)")
+    b.add_argument("--judge", dest="judge_model", help="qa: the model that grades (default: --model)")
+    b.add_argument("--window", type=int, help="qa: the window every strategy's payload is built for (default 8000)")
+    b.add_argument("--api-base", dest="api_base", help="qa: an OpenAI-compatible base URL (key: MFS_API_KEY)")
+    b.add_argument("--questions", type=int, help="qa: at most this many questions per conversation")
     return p
 
 
@@ -46,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
 
             from .bench.runner import run as bench
 
-            return bench(args.suites, args.data, args.quick, args.json_out, Path(args.docs) if args.docs else None)
+            options = {k: getattr(args, k) for k in ("model", "judge_model", "window", "api_base", "questions")}
+            return bench(args.suites, args.data, args.quick, args.json_out, Path(args.docs) if args.docs else None,
+                         options=options)
     except MfsError as exc:
         print(f"mfs-nb: {exc}", file=sys.stderr)
         return 2

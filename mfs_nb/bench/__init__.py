@@ -3,12 +3,13 @@
 Each suite is a module with `NAME`, `NEEDS` (the loaders it uses) and `run(data, quick) -> dict`
 returning `{"title", "tables": [{"columns", "rows"}], "notes": [...], "metrics": {...}}`.
 Results are printed, optionally written as JSON, and their section of `docs/benchmarks.md` is
-regenerated in place. A suite whose data is missing is skipped with a message.
+regenerated in place. A suite whose data is missing is skipped with a message. A suite with
+`OPT_IN = True` (`qa`, which calls a real model) runs only when named.
 """
 
 from __future__ import annotations
 
-from . import clearing, compaction, sidebyside, tokens, verbatim
+from . import clearing, compaction, qa, sidebyside, tokens, verbatim
 
 SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compaction,
-          verbatim.NAME: verbatim, sidebyside.NAME: sidebyside}
+          verbatim.NAME: verbatim, sidebyside.NAME: sidebyside, qa.NAME: qa}

@@ -28,10 +28,13 @@ def machine() -> str:
 
 
 def run(names: list[str], data_dir: str | None, quick: bool, json_out: str | None, docs: Path | None,
-        out: TextIO | None = None) -> int:
+        out: TextIO | None = None, options: dict[str, Any] | None = None) -> int:
+    """Run the named suites (default: every suite that is not opt-in); `options` go to the suites
+    that take them (`qa`: model, judge_model, window, api_base, questions)."""
     from . import SUITES
 
     out = out or sys.stdout
+    wall = time.perf_counter()
     unknown = [n for n in names if n not in SUITES]
     if unknown:
         out.write(f"unknown suite(s): {', '.join(unknown)}; available: {', '.join(SUITES)}\n")
@@ -40,7 +43,7 @@ def run(names: list[str], data_dir: str | None, quick: bool, json_out: str | Non
     data = Data(root) if root else None
     results: dict[str, Any] = {"machine": machine(), "quick": quick, "date": time.strftime("%Y-%m-%d"),
                                "data": str(root) if root else None, "suites": {}}
-    for name in names or list(SUITES):
+    for name in names or [n for n, suite in SUITES.items() if not getattr(suite, "OPT_IN", False)]:
         suite = SUITES[name]
         missing = [n for n in suite.NEEDS if data is None or not data.has(n)]
         if missing:
@@ -49,12 +52,15 @@ def run(names: list[str], data_dir: str | None, quick: bool, json_out: str | Non
             continue
         assert data is not None
         started = time.perf_counter()
-        result = suite.run(data, quick)
+        given = {k: v for k, v in (options or {}).items() if v is not None} if getattr(suite, "OPT_IN", False) else {}
+        result = suite.run(data, quick, **given)
         result["seconds"] = round(time.perf_counter() - started, 1)
         results["suites"][name] = result
         out.write(render_text(name, result))
         if docs is not None:
             write_docs(docs, name, render_markdown(name, result, results, quick))
+    results["seconds"] = round(time.perf_counter() - wall, 1)
+    out.write(f"bench finished in {results['seconds']} s wall time\n")
     if json_out:
         Path(json_out).write_text(json.dumps(results, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
         out.write(f"results written to {json_out}\n")
