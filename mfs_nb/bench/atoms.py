@@ -1,38 +1,48 @@
 """The benchmarks' own reading of "a fact survived": an independent extractor, one markup
 stripper for every strategy, and matching that asks for the fact *in context*.
 
-This module judges the engine, so it shares nothing with it: it does not import `mfs_nb.facts`
-(or any engine module) and its patterns are written for a different purpose — to name the exact
-items a reader of the conversation would check, not to choose lines worth keeping.
+This module judges the engine, so it shares nothing with it: it imports no engine module, and it
+finds facts its own way — by looking at whitespace-separated tokens and the words beside numbers,
+not with the engine's line-classifying regexes — to name the exact items a reader of the
+conversation would check, not to choose lines worth keeping.
 
-Atoms, by kind (each documented at its pattern below):
+Atoms, by kind:
 
-- ``path``     file paths and URLs; a path is identified by its last two components
-               (``lib/pool.ex`` in ``/home/u/app/lib/pool.ex``), so a summary that writes the
-               project-relative path is not penalised for dropping the home directory;
+- ``path``     a token that is a URL, or a file path: components that all contain a letter and
+               either a last component ``stem.ext`` with a known extension or an explicit root
+               (``/``, ``~/``, ``./``); identified by its last two components, so a summary that
+               writes ``lib/pool.ex`` for ``/home/u/app/lib/pool.ex`` is not penalised;
 - ``command``  shell commands: ``command``/``cmd`` values of tool-call arguments, lines of
-               fenced ``bash``/``sh``/``console`` blocks and ``$ ``-prompt lines; one atom per
-               sub-command (split at ``&&``, ``;``, ``|``), its first four words;
-- ``number``   a number with three or more digits, or any number with a unit or currency sign
-               (``30 s``, ``2.5 GB``, ``$40``, ``2900万美元``);
+               fenced blocks marked bash/sh/shell/console, ``$ ``-prompt lines and multi-word
+               commands in backticks; one atom per sub-command (split at ``&&``, ``;``, ``|``),
+               its first four words;
+- ``number``   a number with a unit or currency sign after/before it (``30 s``, ``2.5 GB``,
+               ``$40``, ``2900万美元``), an ISO or Chinese date, or — in what the user and the
+               assistant say and in tool-call arguments — any number of three or more digits (in
+               tool output bare numbers are mostly line numbers, ids and timestamps: left out);
 - ``error``    exception and error class names (``TimeoutError``, ``** (CompileError)``);
-- ``ident``    identifiers in backticks and dotted module names (``Spotter.Pool.checkout``);
-- ``name``     proper names in chat text: capitalised words not at a sentence start (joined when
-               adjacent), and Chinese titles in 《…》; a name in more than 2 % of the messages (a
-               speaker) is context, not a fact.
+- ``ident``    identifiers in backticks that look like code (an underscore, dot, slash, colon,
+               parenthesis, digit or inner capital) and dotted module names (``Spotter.Pool``);
+- ``name``     proper names in user and assistant text: capitalised words not at the start of a
+               sentence or line, and Chinese titles in 《…》; a name in more than 2 % of the
+               messages of any block of 500 (a speaker) is context, not a fact.
 
 Matching (`score`):
 
-1. every payload is passed through `strip_markup`, which removes any strategy's decoration —
-   uid tags and ranges, segment headers, recall handles, cleared/trimmed stubs, the fixed
-   honesty and summary captions — so an atom can never be found inside a uid or a caption;
-2. an atom is found only on word boundaries (``23`` is not inside ``123``);
-3. **in context**: a number, or any atom of six characters or fewer, counts only where one of
-   the content words that stood within `WINDOW` words of it in the original also stands within
-   `WINDOW` words of it in the payload; a longer atom counts only where some content word stands
-   within `WINDOW` words of it. Content words are alphabetic words of three or more letters
-   (CJK: character bigrams) that are not stop words and not part of any atom of the history —
-   so a bag of atoms, with nothing but atoms in it, scores zero.
+1. the history and every payload pass through the same `strip_markup`, which removes exact
+   templates of any strategy's decoration — uid tags, segment headers, track and fact-track
+   captions, recall handles, cleared/trimmed stubs, the honesty line — and nothing else;
+2. an atom is found only on word boundaries (``23`` is not inside ``123``; CJK characters beside
+   a number do not break it); a number matches with or without the space before its unit;
+3. **in context**: an atom counts only where a word that stood within `WINDOW` words of it in the
+   original also stands within `WINDOW` words of it in the payload, and that word is specific —
+   it stood beside at most `SPECIFIC` of the facts (so a fixed filler of common context words
+   cannot vouch for every atom). Words are lowercased and lightly stemmed; CJK text counts in
+   character bigrams; stop words and every word that is part of an atom never count, so a bag
+   of atoms cannot supply its own context. A fact with no specific word beside it anywhere in
+   the conversation (a path read by a bare ``Read`` call, say) cannot be judged in context and is
+   left out of the measured set, for every strategy alike; `FactSet.no_context` keeps them and
+   the tables say how many.
 """
 
 from __future__ import annotations
@@ -48,51 +58,128 @@ from typing import Any
 KINDS = ("path", "command", "number", "error", "ident", "name")
 SOURCES = ("user", "assistant", "tool_call", "tool_result")
 WINDOW = 8  # words on each side that make an atom's context
-SHORT = 6  # atoms this long or shorter must keep an original context word
+SPECIFIC = 0.10  # a context word beside more than this share of the facts (and more than 3) is too common
 
-# --- extraction ------------------------------------------------------------------------------
-
-_EXT = ("ex|exs|heex|eex|erl|hrl|py|pyi|ipynb|js|mjs|cjs|ts|tsx|jsx|vue|svelte|json|jsonl|ya?ml|toml|ini|cfg|conf|"
-        "md|rst|txt|csv|tsv|parquet|sql|sh|bash|zsh|rs|go|java|kt|swift|c|h|cc|cpp|hpp|rb|php|html?|css|scss|"
-        "lock|log|xml|env|dockerfile|tf|lua|r|jl|scala|proto|gradle|pem|png|jpe?g|svg|pdf|zip|gz|tar|db|sqlite")
-# a URL, or a run of path components with at least one slash
-_URL = re.compile(r"https?://[^\s<>\"'`)\]]+")
-_SLASHED = re.compile(r"(?<![\w.@+/-])(?:~|\.{1,2})?/?(?:[\w.@+-]+/)+[\w.@+-]+")
-# a bare file name with a known extension (``mix.exs``), not part of a longer dotted word
-_FILENAME = re.compile(r"(?<![\w./-])[A-Za-z_][\w-]*\.(?:" + _EXT + r")(?![\w-]|\.\w)")
-_HAS_EXT = re.compile(r"\.(?:" + _EXT + r")$", re.I)
-
-_UNIT = (r"%|‰|ms|µs|ns|s|sec|secs|seconds?|mins?|minutes?|h|hrs?|hours?|days?|weeks?|months?|years?|"
-         r"[KMGT]i?B|kb|mb|gb|bytes?|k|x|px|em|rem|km|cm|mm|kg|mg|lbs?|miles?|GHz|MHz|fps|rps|qps|"
-         r"tokens?|rows?|lines?|chars?|tests?|failures?|errors?|warnings?|files?|users?|requests?|workers?|"
-         r"connections?|items?|steps?|points?|pages?|words?|times?|pm|am")
-_CN_UNIT = r"万|亿|千|元|美元|块|人民币|年|月|日|号|岁|分|米|公里|小时|分钟|秒|天|次|个|人|间|张|层|集|部|首|本|名|倍|度|%"
-# three or more digits (commas and a decimal part allowed), or any number followed by a unit
-_NUMBER = re.compile(
-    r"[$€£¥￥]\s?\d(?:[\d,]*\d)?(?:\.\d+)?[kKmMbB]?(?![A-Za-z0-9_])"
-    r"|(?<![A-Za-z0-9_.,:/#-])\d[\d,]*(?:\.\d+)?(?:\s?(?:" + _UNIT + r")(?![A-Za-z0-9_])|(?:" + _CN_UNIT + r")+)"
-    r"|(?<![A-Za-z0-9_.,:/#-])\d(?:[\d,]*\d)?(?:\.\d+)?(?![A-Za-z0-9_]|[.,]\d)")
-_ERROR = re.compile(r"\b[A-Z][A-Za-z0-9]*(?:Error|Exception|Failure|Fault|Panic)\b|\*\* \(([A-Z][\w.]*)\)")
-_BACKTICK = re.compile(r"`([^`\n]{3,60})`")
-_DOTTED = re.compile(r"\b[A-Z][a-z][A-Za-z0-9]*(?:\.[A-Z][A-Za-z0-9]*)+(?:\.[a-z_][a-z0-9_]*[!?]?(?:/\d)?)?")
-_CAPWORD = re.compile(r"\b(?:[A-Z][a-z]{2,}|[A-Z]{3,6}\b)(?:[ -][A-Z][a-z]{2,})*")
-_TITLE = re.compile(r"《([^《》\n]{1,30})》")
-_SENTENCE_END = re.compile(r"(?:^|[.!?。！？:\n]\s*|[\"“(]\s*)$")
-_FENCE = re.compile(r"```(?:bash|sh|shell|console|zsh|terminal)?\n(.*?)```", re.S)
-_PROMPT = re.compile(r"^\s*\$\s+(.+)$", re.M)
-_SPLIT_CMD = re.compile(r"\s*(?:&&|\|\||;|\|)\s*")
+# --- tokens and words ------------------------------------------------------------------------
 
 
 def _words(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
-_NOT_NAMES = _words(
-    "The This That These Those There Then They Their What When Where Which While Who Why How Yes Yeah Hey Thanks "
-    "Thank Sure Okay Hello Also And But Just Let Now Here Please Well Wow Great Good Nice Sounds Really Absolutely "
-    "Monday Tuesday Wednesday Thursday Friday Saturday Sunday January February March April May June July August "
-    "September October November December Today Tomorrow Yesterday")
-_TRIVIAL_CMD = frozenset({"cd", "echo", "true", "false", "sleep", "clear", "pwd", "exit", "set"})
+def _ascii_word(c: str) -> bool:
+    return c.isascii() and (c.isalnum() or c == "_")
+
+
+_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+_TOKEN = re.compile(r"[A-Za-z][A-Za-z'’]*|[\u3400-\u4dbf\u4e00-\u9fff]|\d+")
+_STOP = _words("""a an the and or but if then else of to in on at by for with from as is are was were be been being
+have has had do does did doing done not no yes it its it's this that these those there here what which who whom
+whose when where why how all any some each every more most other such than too very can could will would shall
+should may might must just also only about into over after before again once out up down off so you your yours we
+our ours they them their i me my mine he him his she her hers let lets let's get got like one two well now still
+even really yeah yep yup nope okay sure thanks thank hey hi oh wow great good nice much many though because while
+through during what's that's i'm you're we're they're i've you've don't didn't doesn't isn't aren't wasn't won't
+can't lol omg btw haha see web fri tues""")
+_CJK_STOP = frozenset("的了是在我你他她它们这那有和就都也吗呢吧啊哦嗯个一不很还要会说到着过没把被给让")
+
+
+def _stem(word: str) -> str:
+    w = word.lower().replace("’", "'")
+    for suffix in ("ing", "ed", "es", "s", "ly"):
+        if w.endswith(suffix) and len(w) - len(suffix) >= 3:
+            return w[: -len(suffix)]
+    return w
+
+
+def _tokens(text: str) -> tuple[list[str], list[int], list[int]]:
+    """Tokens, their start offsets and the line each stands on."""
+    toks, starts, lines = [], [], []
+    line, seen = 0, 0
+    for m in _TOKEN.finditer(text):
+        line += text.count("\n", seen, m.start())
+        seen = m.start()
+        toks.append(m.group(0))
+        starts.append(m.start())
+        lines.append(line)
+    return toks, starts, lines
+
+
+# --- markup ----------------------------------------------------------------------------------
+
+# Exact templates of the decoration strategies put around what they keep, one list for all of
+# them. A template is anchored to its own wording; anything a person wrote stays.
+_HONESTY = ("Everything below is compressed; the originals are no longer in context. For exact numbers, paths or "
+            "quotes, call recall_history with the uid range in the header.")
+_TEMPLATES = [re.compile(p, re.M) for p in (
+    r"^\[segment #\d+ · uids \d+–\d+[^\n]*\]$",
+    r"^\[earlier history, uids [\d–, ]+, was compressed[^\n]*\]$",
+    r"^\[the user's own words up to #\d+, verbatim[^\n]*\]$",
+    r"^\[older user messages #\d+–#\d+ left this track[^\n]*\]$",
+    r"^\[fact lines of the compacted history up to #\d+[^\n]*\]$",
+    r"^\[older fact lines of uids \d+–\d+ left for the budget[^\n]*\]$",
+    r"^- \(\d+ more fact lines dropped for the budget; recall the uid range\)$",
+    r"^Facts \(verbatim\):$",
+    r"^\[fact lines\]$",
+    r"^\[summary of the earlier conversation\]$",
+    r"^\[uids \d+–\d+ were left out of this request[^\n]*\]$",
+    r"\[tool result cleared: [^\n\]]*; recall_history\(\d+, \d+\)\]",
+    r"\[… output trimmed: [\d,]+ chars; recall_history\(\d+, \d+\) …\]",
+    r"\[… [\d,]+ chars elided …\]",
+    r"\[tool result #\d+(?: from [^\n\]]+)?\]",
+    r"\[no result was recorded for this tool call\]",
+    r"\barguments of [\d,]+ chars; recall_history\(\d+, \d+\)",
+    r"\[quoted AI(?: from reply #\d+)?(?: \+ the user's note)?\]",
+    r"the user pasted [\d,]+ chars (?:from reply #\d+|from an AI reply)",
+    r"\[document\]",
+    r"\((?:[\d,]+ chars, )first line: ",
+    r"recall_history\(\d+(?:, \d+)?\)(?: returns (?:the text|it|them|the originals))?",
+    r"\[#\d+\]",
+)]
+
+
+def strip_markup(text: str) -> str:
+    """`text` without any strategy's own decoration (the templates above), each replaced by a
+    space so that the words on either side never join. Applied to the history too, so what a
+    person wrote is treated the same on both sides."""
+    text = text.replace(_HONESTY, " ")
+    for pattern in _TEMPLATES:
+        text = pattern.sub(" ", text)
+    return text
+
+
+# --- extraction ------------------------------------------------------------------------------
+
+_EXTENSIONS = _words("""ex exs heex eex erl hrl py pyi ipynb js mjs cjs ts tsx jsx vue svelte json jsonl yaml yml toml
+ini cfg conf md rst txt csv tsv parquet sql sh bash zsh rs go java kt swift c h cc cpp hpp rb php html htm css scss lock
+log xml env tf lua r jl scala proto gradle pem png jpg jpeg svg pdf zip gz tar db sqlite""")
+_UNITS = _words("""% ‰ ms µs ns s sec secs second seconds min mins minute minutes h hr hrs hour hours day days week weeks
+month months year years kb mb gb tb kib mib gib tib byte bytes k x px em rem km cm mm kg mg lb lbs mile miles ghz mhz
+fps rps qps token tokens row rows line lines char chars test tests failure failures error errors warning warnings
+file files user users request requests worker workers connection connections item items step steps point points
+page pages word words time times pm am usd eur cny rmb dollar dollars euro euros yuan""")
+_CN_UNITS = "万亿千元美块人民币年月日号岁分米公里小时钟秒天次个人间张层集部首本名倍度%"
+_CURRENCY = "$€£¥￥"
+_CANDIDATE = re.compile(r"[^\s\"'`()<>\[\]{},;|]+")
+_NUMBER = re.compile(r"\d+(?:[,.]\d+)*")
+_CN_DATE = re.compile(r"\d{4}年\d{1,2}月(?:\d{1,2}[日号])?")
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+_ERROR_TOKEN = re.compile(r"[A-Z][A-Za-z0-9]*(?:Error|Exception|Failure|Fault|Panic)")
+_ELIXIR_ERROR = re.compile(r"\*\* \(([A-Z][\w.]*)\)")
+_BACKTICK = re.compile(r"`([^`\n]{2,80})`")
+_MODULE = re.compile(r"[A-Z][a-z][A-Za-z0-9]*(?:\.[A-Z][A-Za-z0-9]*)+(?:\.[a-z_][a-z0-9_]*[!?]?(?:/\d)?)?")
+_CODE_MARK = re.compile(r"[_./:()#\d]|[a-z][A-Z]")
+_CAPITAL = re.compile(r"[A-Z][a-z]{2,}|[A-Z]{3,6}(?![a-z])")
+_TITLE = re.compile(r"《([^《》\n]{1,30})》")
+_SHELL_FENCE = re.compile(r"```(?:bash|sh|shell|console|zsh|terminal)[ \t]*\n(.*?)```", re.S)
+_PROMPT = re.compile(r"^[ \t]*\$[ \t]+(\S.*)$", re.M)
+_SUBCOMMAND = re.compile(r"\s*(?:&&|\|\||;|\|)\s*")
+_PROGRAM = re.compile(r"[a-z][\w.+-]*|\.{0,2}/[\w./-]+")
+_NOT_NAMES = _words("""The This That These Those There Then They Their What When Where Which While Who Why How Yes
+Yeah Hey Thanks Thank Sure Okay Hello Also And But Just Let Now Here Please Well Wow Great Good Nice Sounds Really
+Absolutely Monday Tuesday Wednesday Thursday Friday Saturday Sunday January February March April May June July
+August September October November December Today Tomorrow Yesterday""")
+_TRIVIAL = _words("cd echo true false sleep clear pwd exit set export source")
 
 
 @dataclass(frozen=True)
@@ -103,81 +190,132 @@ class Atom:
     key: str
 
 
-def _path_key(p: str) -> str | None:
-    p = p.rstrip(".,:;)'\"")
-    if p.startswith(("http://", "https://")):
-        return p if len(p) > 10 else None
-    parts = [x for x in p.split("/") if x not in ("", ".", "..", "~")]
-    if not parts or (len(parts) < 3 and not _HAS_EXT.search(parts[-1])):
-        return None  # "and/or", "n/a", "km/h": a slash is not yet a path
-    key = "/".join(parts[-2:])
-    return key if len(key) >= 4 else None
+def _path_key(token: str) -> str | None:
+    token = token.rstrip(".:\\")
+    token = re.sub(r"(?::\d+){1,2}$", "", token)  # path:line[:col]
+    if token.startswith(("http://", "https://")):
+        return token if len(token) > 12 else None
+    rooted = token.startswith(("/", "~/", "./", "../"))
+    parts = [p for p in token.split("/") if p not in ("", ".", "..", "~")]
+    if not parts or not all(re.search(r"[A-Za-z]", p) for p in parts):
+        return None
+    stem, dot, ext = parts[-1].rpartition(".")
+    has_ext = bool(dot and stem and ext.lower() in _EXTENSIONS)
+    if len(parts) == 1:
+        return parts[0] if has_ext and not parts[0][0].isupper() else None
+    if not (has_ext or (rooted and len(parts) >= 2)):
+        return None
+    return "/".join(parts[-2:])
 
 
 def _command_atoms(text: str) -> Iterable[str]:
     for line in text.splitlines()[:3]:
-        for part in _SPLIT_CMD.split(line.strip()):
+        for part in _SUBCOMMAND.split(line.strip()):
             words = part.split()
-            if len(words) < 2 or words[0] in _TRIVIAL_CMD or not re.match(r"^[\w./~-]+$", words[0]):
+            if len(words) < 2 or words[0] in _TRIVIAL or not _PROGRAM.fullmatch(words[0]):
                 continue
             atom = " ".join(words[:4])
             if len(atom) >= 6:
                 yield atom
 
 
-def extract(text: str, *, names: bool = True, commands: str | None = None) -> list[tuple[Atom, int, int]]:
-    """Atoms of `text` with their character spans. `commands`, when given, is a shell command
-    (from a tool call) whose sub-commands become command atoms; `names` enables proper names."""
+def _numbers(text: str, bare: bool) -> Iterable[tuple[str, int, int]]:
+    """(key, start, end) of each number atom: with a unit or currency, a date, or (when `bare`)
+    three or more digits. Keys put one space between a number and an ASCII unit word."""
+    taken: list[tuple[int, int]] = []
+    for pattern in (_CN_DATE, _ISO_DATE):
+        for m in pattern.finditer(text):
+            if not (m.start() and _ascii_word(text[m.start() - 1])):
+                taken.append((m.start(), m.end()))
+                yield m.group(0), m.start(), m.end()
+    for m in _NUMBER.finditer(text):
+        a, b = m.start(), m.end()
+        if any(x <= a < y for x, y in taken):
+            continue
+        before = text[a - 1] if a else " "
+        if _ascii_word(before) or before in ".:/#-" or (b < len(text) and text[b] == ":" and text[b + 1:b + 2].isdigit()):
+            continue  # part of a word, a version, a time, a path or an id
+        currency = before if before in _CURRENCY else ""
+        unit = ""
+        rest = text[b:b + 24]
+        word = re.match(r" ?([A-Za-z%‰µ]+)", rest)
+        if word and word.group(1).lower() in _UNITS and not (b + word.end() < len(text)
+                                                             and _ascii_word(text[b + word.end()])):
+            unit = " " + word.group(1)
+            b += word.end()
+        else:
+            cn = re.match(f"[{_CN_UNITS}]+", rest)
+            if cn:
+                unit = cn.group(0)
+                b += cn.end()
+            elif b < len(text) and _ascii_word(text[b]):
+                continue
+        digits = sum(c.isdigit() for c in m.group(0))
+        if currency or unit or (bare and digits >= 3):
+            yield currency + m.group(0) + unit, a - len(currency), b
+
+
+def _line_start(text: str, at: int) -> bool:
+    """Whether `at` opens a sentence or a line (markdown markers and list numbers ignored)."""
+    line = text[text.rfind("\n", 0, at) + 1:at]
+    if not re.sub(r"[#*>|\-+\d.)\s]", "", line):
+        return True
+    return bool(re.search(r"[.!?。！？:;]\s*[\"“(]?\s*$", line))
+
+
+def extract(text: str, source: str = "user", command: str | None = None) -> list[tuple[Atom, int, int]]:
+    """Atoms of one part of a message, with their character spans. `source` is who said it
+    (user, assistant, tool_call, tool_result); `command` is a tool call's shell command."""
     found: list[tuple[Atom, int, int]] = []
     taken: list[tuple[int, int]] = []
 
     def add(kind: str, key: str | None, a: int, b: int, overlap_ok: bool = False) -> None:
-        if not key:
-            return
-        if not overlap_ok and any(a < y and x < b for x, y in taken):
+        if not key or (not overlap_ok and any(a < y and x < b for x, y in taken)):
             return
         found.append((Atom(kind, key), a, b))
         taken.append((a, b))
 
-    for m in _URL.finditer(text):
-        add("path", _path_key(m.group(0)), m.start(), m.end())
-    for m in _SLASHED.finditer(text):
-        add("path", _path_key(m.group(0)), m.start(), m.end())
-    for m in _FILENAME.finditer(text):
-        add("path", m.group(0), m.start(), m.end())
-    if commands:
-        for atom in _command_atoms(commands):
-            at = text.find(atom.split()[0])
-            add("command", atom, max(at, 0), max(at, 0) + len(atom), overlap_ok=True)
-    for block in (*_FENCE.finditer(text), *_PROMPT.finditer(text)):
+    if command:
+        for atom in _command_atoms(command):
+            at = max(text.find(atom.split()[0]), 0)
+            add("command", atom, at, at + len(atom), overlap_ok=True)
+    for block in (*_SHELL_FENCE.finditer(text), *_PROMPT.finditer(text)):
         for atom in _command_atoms(block.group(1)):
             add("command", atom, block.start(1), block.end(1), overlap_ok=True)
-    for m in _ERROR.finditer(text):
-        add("error", m.group(1) or m.group(0), m.start(), m.end())
     for m in _BACKTICK.finditer(text):
         inner = m.group(1).strip()
-        if " " in inner:  # `mix test --trace`: a command written in prose
-            for atom in _command_atoms(inner) if re.match(r"^[a-z][\w.-]*\s", inner) else ():
-                add("command", atom, m.start(1), m.end(1), overlap_ok=True)
-        elif not _HAS_EXT.search(inner):
-            add("ident", inner, m.start(1), m.end(1))
-    for m in _DOTTED.finditer(text):
+        if " " in inner:
+            if _PROGRAM.fullmatch(inner.split()[0]) and not inner[0].isupper():
+                for atom in _command_atoms(inner):
+                    add("command", atom, m.start(1), m.end(1), overlap_ok=True)
+        elif _CODE_MARK.search(inner) and not _path_key(inner) and not inner.replace(".", "").isdigit():
+            add("ident", inner.rstrip(".,"), m.start(1), m.end(1))
+    for m in _CANDIDATE.finditer(text):
+        add("path", _path_key(m.group(0)), m.start(), m.end())
+    for m in _ELIXIR_ERROR.finditer(text):
+        add("error", m.group(1), m.start(), m.end())
+    for m in _ERROR_TOKEN.finditer(text):
+        if not (m.start() and _ascii_word(text[m.start() - 1])) and not (
+                m.end() < len(text) and _ascii_word(text[m.end()])):
+            add("error", m.group(0), m.start(), m.end())
+    for m in _MODULE.finditer(text):
         add("ident", m.group(0), m.start(), m.end())
-    for m in _NUMBER.finditer(text):
-        s = " ".join(m.group(0).split())
-        digits = sum(c.isdigit() for c in s)
-        has_unit = not s.replace(",", "").replace(".", "").isdigit()
-        if digits >= 3 or (has_unit and digits >= 1):
-            add("number", s, m.start(), m.end())
-    if names:
-        for m in _CAPWORD.finditer(text):
-            words = m.group(0).split(" ")
-            start = m.start()
-            while words and (words[0] in _NOT_NAMES or _SENTENCE_END.search(text[max(0, start - 3):start])):
-                start += len(words[0]) + 1
-                words = words[1:]
-            if words and not any(w in _NOT_NAMES for w in words):
-                add("name", " ".join(words), start, m.end())
+    for key, a, b in _numbers(text, bare=source != "tool_result"):
+        add("number", key, a, b)
+    if source in ("user", "assistant"):
+        names: list[tuple[str, int, int]] = []
+        for m in _CAPITAL.finditer(text):
+            a, b, word = m.start(), m.end(), m.group(0)
+            if (a and _ascii_word(text[a - 1])) or (b < len(text) and _ascii_word(text[b])):
+                continue
+            if word in _NOT_NAMES or word.lower() in _STOP or _line_start(text, a):
+                continue
+            if names and names[-1][2] + 1 == a and text[a - 1] in " -":  # "New York City"
+                names[-1] = (names[-1][0] + text[a - 1] + word, names[-1][1], b)
+            else:
+                names.append((word, a, b))
+        for word, a, b in names:
+            add("name", word, a, b)
         for m in _TITLE.finditer(text):
             add("name", m.group(1), m.start(1), m.end(1))
     return found
@@ -195,103 +333,57 @@ def _string_values(value: Any) -> Iterable[str]:
 
 
 def call_text(call: dict[str, Any]) -> tuple[str, str | None]:
-    """A tool call as plain text (its name, then the string values of its arguments, JSON keys and
-    escapes gone) and its shell command when it carries one."""
+    """A tool call as plain text (its name, then the string values of its arguments; JSON keys
+    and escapes gone) and its shell command when it carries one."""
     fn = call.get("function") or {}
     raw = fn.get("arguments") or ""
     try:
         args = json.loads(raw) if isinstance(raw, str) else raw
     except (ValueError, RecursionError):
         args = raw
-    command = args.get("command") or args.get("cmd") if isinstance(args, dict) else None
+    command = (args.get("command") or args.get("cmd")) if isinstance(args, dict) else None
     return (fn.get("name") or "") + " " + " ".join(_string_values(args)), command if isinstance(command, str) else None
 
 
 def parts(message: dict[str, Any]) -> list[tuple[str, str, str | None]]:
-    """(source, text, command) for each part of a message that can state a fact."""
+    """(source, markup-free text, command) for each part of a message that can state a fact."""
     role = message.get("role")
     out: list[tuple[str, str, str | None]] = []
     content = message.get("content") or ""
     if not isinstance(content, str):
         content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    content = strip_markup(content)
     if role in ("user", "assistant") and content.strip():
         out.append((role, content, None))
     elif role == "tool" and content.strip():
         out.append(("tool_result", content, None))
     for call in message.get("tool_calls") or ():
         text, command = call_text(call)
-        out.append(("tool_call", text, command))
+        out.append(("tool_call", strip_markup(text), command))
     return out
 
 
-# --- markup ----------------------------------------------------------------------------------
-
-# Captions and stubs that strategies add around what they keep. One list for every strategy.
-_CAPTIONS = (
-    "Everything below is compressed; the originals are no longer in context. For exact numbers, paths or quotes, "
-    "call recall_history with the uid range in the header.",
-    "[summary of the earlier conversation]",
-    "Facts (verbatim):",
-)
-_BRACKETED = re.compile(r"\[[^\[\]\n]{0,400}\]")
-_DECORATION = re.compile(r"#\d|\buids?\b|recall_history|\bcleared\b|\btrimmed\b|\belided\b|\bsegment\b|"
-                         r"summary of the earlier|compressed|verbatim|quoted AI|\[document\]|tool result|"
-                         r"left out of this request|no result was recorded", re.I)
-_HANDLE = re.compile(r"recall_history\([^)]*\)")
-_STUB_JSON = re.compile(r"\{\"cleared\": \"[^\"]*\"\}")
-_UIDS = re.compile(r"#\d+(?:\s*[–-]\s*#?\d+)?|\buids? \d+(?:\s*[–-]\s*\d+)?(?:,\s*\d+(?:\s*[–-]\s*\d+)?)*")
-
-
-def strip_markup(text: str) -> str:
-    """`text` without any strategy's own decoration: uid tags and ranges, segment headers, recall
-    handles, cleared/trimmed stubs and fixed captions. Everything is replaced by a space so words
-    on either side never join."""
-    for caption in _CAPTIONS:
-        text = text.replace(caption, " ")
-    text = _STUB_JSON.sub(" ", text)
-    text = _HANDLE.sub(" ", text)
-    text = _BRACKETED.sub(lambda m: " " if _DECORATION.search(m.group(0)) else m.group(0), text)
-    return _UIDS.sub(" ", text)
-
-
 def payload_text(messages: Sequence[dict[str, Any]]) -> str:
-    """The markup-free text of a payload: contents and tool calls (as `call_text`), one per line."""
-    chunks = []
-    for m in messages:
-        for _, text, _ in parts(m) or [("", m.get("content") or "", None)]:
-            chunks.append(strip_markup(text if isinstance(text, str) else ""))
-    return "\n".join(chunks)
+    """The markup-free text of a payload: contents and tool calls, one part per line."""
+    return "\n".join(text for m in messages for _, text, _ in parts(m))
 
 
 # --- context ---------------------------------------------------------------------------------
 
-_TOKEN = re.compile(r"[A-Za-z][A-Za-z'’]*|[\u3400-\u4dbf\u4e00-\u9fff]|\d+")
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
-_STOP = _words("""a an the and or but if then else of to in on at by for with from as is are was were be been being
-have has had do does did not no yes it its it's this that these those there here what which who whom whose when
-where why how all any some each every more most other such than too very can could will would shall should may
-might must just also only about into over after before again once out up down off so you your yours we our ours
-they them their i me my mine he him his she her hers let lets let's get got like one two well now still even
-really yeah okay sure thanks thank hey hi oh wow great good nice much many though because while through during
-what's that's i'm you're we're they're i've you've don't didn't doesn't isn't aren't wasn't won't can't
-""")
-_CJK_STOP = frozenset("的了是在我你他她它们这那有和就都也吗呢吧啊哦嗯个一不很还要会说到着过没把被给让")
-
-
-def _tokens(text: str) -> tuple[list[str], list[int]]:
-    toks, starts = [], []
-    for m in _TOKEN.finditer(text):
-        toks.append(m.group(0))
-        starts.append(m.start())
-    return toks, starts
-
-
-def _units(toks: Sequence[str], starts: Sequence[int], lo: int, hi: int, skip: tuple[int, int],
+def _units(toks: Sequence[str], starts: Sequence[int], lines: Sequence[int], a: int, b: int,
            excluded: frozenset[str] | set[str]) -> set[str]:
-    """Content units among tokens lo..hi-1, leaving out tokens inside char span `skip`."""
+    """Context units of the atom at char span a..b: the WINDOW tokens on either side of it on its
+    own line, as stemmed content words and CJK bigrams that are neither stop words nor part of an
+    atom."""
     units: set[str] = set()
     prev_cjk = None
-    for k in range(max(lo, 0), min(hi, len(toks))):
+    first = bisect.bisect_left(starts, a)
+    line = lines[first] if first < len(lines) else (lines[-1] if lines else 0)
+    skip = (a, b)
+    for k in range(max(first - WINDOW, 0), min(bisect.bisect_left(starts, b) + WINDOW, len(toks))):
+        if lines[k] != line:
+            prev_cjk = None
+            continue
         t = toks[k]
         inside = skip[0] <= starts[k] < skip[1]
         if _CJK.match(t):
@@ -304,28 +396,21 @@ def _units(toks: Sequence[str], starts: Sequence[int], lo: int, hi: int, skip: t
         prev_cjk = None
         if inside or not t[0].isalpha():
             continue
-        w = t.lower().replace("’", "'")
-        if len(w) >= 3 and w not in _STOP and w not in excluded:
+        w = _stem(t)
+        if len(w) >= 3 and t.lower() not in _STOP and w not in _STOP and w not in excluded:
             units.add(w)
     return units
 
 
-def _around(starts: Sequence[int], a: int, b: int) -> tuple[int, int]:
-    """Token index range [lo, hi) of the WINDOW tokens on either side of char span a..b."""
-    first = bisect.bisect_left(starts, a)
-    last = bisect.bisect_left(starts, b)
-    return first - WINDOW, last + WINDOW
-
-
-def atom_words(atoms: Iterable[Atom]) -> frozenset[str]:
-    """Words and CJK bigrams that occur inside atoms: never context, so that a list of atoms
-    cannot supply its own context."""
+def atom_words(spans: Iterable[str]) -> frozenset[str]:
+    """Stemmed words and CJK bigrams that occur inside atoms (their whole matched text): never
+    context, so that a list of atoms cannot supply its own context."""
     out: set[str] = set()
-    for atom in atoms:
-        toks, starts = _tokens(atom.key)
+    for span in spans:
+        toks, starts, _ = _tokens(span)
         for t in toks:
             if t[0].isalpha() and not _CJK.match(t):
-                out.add(t.lower())
+                out.add(_stem(t))
         for k in range(1, len(toks)):
             if _CJK.match(toks[k]) and _CJK.match(toks[k - 1]) and starts[k] == starts[k - 1] + 1:
                 out.add(toks[k - 1] + toks[k])
@@ -336,8 +421,8 @@ def atom_words(atoms: Iterable[Atom]) -> frozenset[str]:
 
 @dataclass
 class Fact:
-    """An atom stated in the conversation: who stated it first, where, and the content words
-    that stood around it in the original (the union over its mentions)."""
+    """An atom stated in the conversation: who stated it first, where, and the words that stood
+    around it in the original (the union over its mentions)."""
 
     atom: Atom
     source: str
@@ -348,46 +433,62 @@ class Fact:
 
 @dataclass
 class FactSet:
-    """Every fact of a transcript up to `upto` (exclusive), and the words that are atoms."""
+    """Every fact of a transcript, the words that are atoms, how common each context word is,
+    and the markup-free text of each message (to tell a restated fact)."""
 
     facts: dict[Atom, Fact]
     excluded: frozenset[str]
+    common: tuple[str, ...]  # context words too common to vouch for a fact, most common first
+    texts: list[str]
+    no_context: dict[Atom, Fact] = field(default_factory=dict)  # facts with no specific word beside them
+    df: Counter[str] = field(default_factory=Counter)  # how many facts each context word stood beside
 
     def older(self, cut: int) -> list[Fact]:
-        """Facts stated only before message index `cut` (never restated after it)."""
-        return [f for f in self.facts.values() if f.last < cut]
+        """Facts stated before message index `cut` and not restated after it — neither as an atom
+        the extractor finds nor as the same text on word boundaries."""
+        later = Payload.from_text("\n".join(self.texts[cut:]), self)
+        return [f for f in self.facts.values() if f.last < cut and not later.present(f.atom.key)]
 
 
 def fact_set(messages: Sequence[dict[str, Any]], upto: int | None = None) -> FactSet:
     """Extract the facts of messages[:upto] with their original context words."""
     upto = len(messages) if upto is None else upto
     mentions: list[tuple[int, str, str, list[tuple[Atom, int, int]]]] = []
-    name_df: Counter[str] = Counter()
+    texts: list[str] = []
+    block_df: dict[int, Counter[str]] = {}
     for i, m in enumerate(messages[:upto]):
-        for source, text, command in parts(m):
-            found = extract(text, names=source in ("user", "assistant"), commands=command)
+        message_parts = parts(m)
+        texts.append("\n".join(text for _, text, _ in message_parts))
+        for source, text, command in message_parts:
+            found = extract(text, source, command)
             mentions.append((i, source, text, found))
-            name_df.update({a.key for a, _, _ in found if a.kind == "name"})
-    frequent = {k for k, n in name_df.items() if n > max(3, 0.02 * upto)}
-    atoms = {a for *_, found in mentions for a, _, _ in found if not (a.kind == "name" and a.key in frequent)}
-    excluded = atom_words(atoms)
+            block_df.setdefault(i // 500, Counter()).update({a.key for a, _, _ in found if a.kind == "name"})
+    frequent = {k for n_block, df in block_df.items() for k, n in df.items()
+                if n > max(3, 0.02 * min(500, upto - 500 * n_block))}
+    keep = {a for *_, found in mentions for a, _, _ in found if not (a.kind == "name" and a.key in frequent)}
+    excluded = atom_words(text[a:b] for _, _, text, found in mentions for atom, a, b in found if atom in keep)
     facts: dict[Atom, Fact] = {}
     for i, source, text, found in mentions:
         if not found:
             continue
-        toks, starts = _tokens(text)
+        toks, starts, lines = _tokens(text)
         for atom, a, b in found:
-            if atom not in atoms:
+            if atom not in keep:
                 continue
-            lo, hi = _around(starts, a, b)
-            ctx = _units(toks, starts, lo, hi, (a, b), excluded)
+            ctx = _units(toks, starts, lines, a, b, excluded)
             fact = facts.get(atom)
             if fact is None:
                 facts[atom] = Fact(atom, source, i, i, ctx)
             else:
                 fact.last = i
                 fact.context |= ctx
-    return FactSet(facts, excluded)
+    df = Counter(u for f in facts.values() for u in f.context)
+    common = tuple(u for u, n in df.most_common() if n > max(3, SPECIFIC * len(facts)))
+    for f in facts.values():
+        f.context -= set(common)
+    no_context = {a: f for a, f in facts.items() if not f.context}
+    measured = {a: f for a, f in facts.items() if f.context}
+    return FactSet(measured, excluded, common, texts, no_context, df)
 
 
 def older_cut(counts: Sequence[int], upto: int, share: float = 2 / 3) -> int:
@@ -404,18 +505,23 @@ def older_cut(counts: Sequence[int], upto: int, share: float = 2 / 3) -> int:
 # --- matching --------------------------------------------------------------------------------
 
 class Payload:
-    """A payload's markup-free text, tokenised once, for many atom look-ups."""
+    """A payload's markup-free text, tokenised once, for many atom look-ups against one FactSet."""
 
-    def __init__(self, messages: Sequence[dict[str, Any]], excluded: frozenset[str]):
-        self.text = payload_text(messages)
-        self.flat = re.sub(r"\s+", " ", self.text)
-        self.toks, self.starts = _tokens(self.flat)
-        self.excluded = excluded
+    def __init__(self, messages: Sequence[dict[str, Any]], facts: FactSet):
+        self._set(payload_text(messages), facts)
 
-    def occurrences(self, key: str) -> list[tuple[int, int]]:
-        """Spans of `key` in the payload on word boundaries (a letter, digit, '_' or, for numbers,
-        a decimal point or comma continuing the number on either side is not a boundary)."""
-        key = " ".join(key.split())
+    @classmethod
+    def from_text(cls, text: str, facts: FactSet) -> Payload:
+        p = cls.__new__(cls)
+        p._set(text, facts)
+        return p
+
+    def _set(self, text: str, facts: FactSet) -> None:
+        self.flat = re.sub(r"[^\S\n]+", " ", re.sub(r"\s*\n\s*", "\n", text)).strip()
+        self.toks, self.starts, self.lines = _tokens(self.flat)
+        self.facts = facts
+
+    def _find(self, key: str) -> list[tuple[int, int]]:
         out = []
         at = self.flat.find(key)
         while at >= 0:
@@ -423,25 +529,33 @@ class Payload:
             before = self.flat[at - 1] if at else " "
             after = self.flat[end] if end < len(self.flat) else " "
             after2 = self.flat[end + 1] if end + 1 < len(self.flat) else " "
-            ok_before = not (before.isalnum() or before == "_" or (key[0].isdigit() and before in ".,-"))
-            ok_after = not (after.isalnum() or after == "_" or (after in ".,-" and after2.isalnum()))
+            ok_before = not (_ascii_word(before) or (key[0].isdigit() and before in ".,-$€£¥"))
+            ok_after = not (_ascii_word(after) or (after in ".,-" and _ascii_word(after2)))
+            if key[-1].isdigit() and after.isdigit():
+                ok_after = False
             if ok_before and ok_after:
                 out.append((at, end))
             at = self.flat.find(key, at + 1)
         return out
 
+    def occurrences(self, key: str) -> list[tuple[int, int]]:
+        """Spans of `key` on word boundaries: an ASCII letter, digit or '_' (or a decimal point or
+        comma continuing a number) beside it is not a boundary; a CJK character is. A number with
+        a unit also matches without the space between them ('30 s' / '30s')."""
+        key = " ".join(key.split())
+        spans = self._find(key)
+        number_unit = re.fullmatch(r"([$€£¥￥]?\d[\d,.]*) ([A-Za-z%‰µ]+)", key)
+        if number_unit:
+            spans += self._find(number_unit.group(1) + number_unit.group(2))
+        return spans
+
     def present(self, key: str) -> bool:
         return bool(self.occurrences(key))
 
-    def in_context(self, fact: Fact) -> bool:
-        key = fact.atom.key
-        strict = fact.atom.kind == "number" or len(key) <= SHORT
-        for a, b in self.occurrences(key):
-            lo, hi = _around(self.starts, a, b)
-            units = _units(self.toks, self.starts, lo, hi, (a, b), self.excluded)
-            if (units & fact.context) if strict else units:
-                return True
-        return False
+    def contexts(self, key: str) -> list[set[str]]:
+        """The context units beside each occurrence of `key`."""
+        return [_units(self.toks, self.starts, self.lines, a, b, self.facts.excluded)
+                for a, b in self.occurrences(key)]
 
 
 @dataclass
@@ -467,24 +581,40 @@ class Score:
         kept, total = (self.by_source if group == "source" else self.by_kind).get(name, (0, 0))
         return kept / total if total else None
 
-    def stated(self) -> float | None:
-        """User, assistant and tool-call facts together: what the conversation *said*."""
+    def stated_counts(self) -> tuple[int, int]:
+        """(kept, total) of user, assistant and tool-call facts: what the conversation *said*."""
         kept = total = 0
         for s in ("user", "assistant", "tool_call"):
             k, t = self.by_source.get(s, (0, 0))
             kept, total = kept + k, total + t
+        return kept, total
+
+    def stated(self) -> float | None:
+        kept, total = self.stated_counts()
         return kept / total if total else None
 
 
 def score(facts: Sequence[Fact], payload: Payload) -> Score:
-    """How many of `facts` the payload keeps in context (and how many are merely present)."""
+    """How many of `facts` the payload keeps in context (and how many are merely present).
+
+    A word vouches for a fact only where it stands beside the fact's atom and — over the whole
+    payload — beside no more distinct facts than twice as many as it stood beside in the whole
+    conversation (at least 2): a word spread over every atom is filler, not context."""
+    beside: dict[str, set[Atom]] = {}
+    found: list[tuple[Fact, list[set[str]]]] = []
+    for f in facts:
+        contexts = payload.contexts(f.atom.key)
+        found.append((f, contexts))
+        for units in contexts:
+            for u in units:
+                beside.setdefault(u, set()).add(f.atom)
+    df = payload.facts.df
     by_source: dict[str, list[int]] = {}
     by_kind: dict[str, list[int]] = {}
     kept = present = 0
-    for f in facts:
-        here = payload.present(f.atom.key)
-        ok = here and payload.in_context(f)
-        present += here
+    for f, contexts in found:
+        ok = any(u in f.context and len(beside[u]) <= max(2, 2 * df.get(u, 0)) for units in contexts for u in units)
+        present += bool(contexts)
         kept += ok
         for table, name in ((by_source, f.source), (by_kind, f.atom.kind)):
             cell = table.setdefault(name, [0, 0])

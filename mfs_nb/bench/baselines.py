@@ -130,15 +130,17 @@ def simulate(name: str, messages: Sequence[dict[str, Any]], window: int, n_excha
 STRATEGIES = ("last-n", "truncate", "rolling", "user+summary")
 
 
-ADVERSARIAL = ("bag-of-atoms", "uid-map")
+ADVERSARIAL = ("bag-of-atoms", "atoms+filler", "uid-map")
 """Strategies that keep nothing a model could use, kept in the harness so that a metric which
-rewards them shows up at once: every atom of the history with no context, and segment headers
-with no prose. Both keep the same raw tail as ``rolling`` and fill the same budget."""
+rewards them shows up at once: every atom of the history with no context; every atom followed by
+the same few words that are most common around facts in this conversation; segment headers with
+no prose. All keep the same raw tail as ``rolling`` and fill the same budget."""
 
 
-def adversarial(name: str, messages: Sequence[dict[str, Any]], window: int, atoms: Sequence[str]) -> Run:
+def adversarial(name: str, messages: Sequence[dict[str, Any]], window: int, atoms: Sequence[str],
+                filler: Sequence[str] = ()) -> Run:
     """The final payload of adversarial strategy `name` before the last assistant message;
-    `atoms` is every atom of the history, oldest first."""
+    `atoms` is every atom of the history, oldest first; `filler` the words ``atoms+filler`` adds."""
     eff = ContextProfile(window).effective
     counts = [message_tokens(m) for m in messages]
     last = max((j for j, x in enumerate(messages) if x.get("role") == "assistant"), default=0)
@@ -146,6 +148,8 @@ def adversarial(name: str, messages: Sequence[dict[str, Any]], window: int, atom
     budget = eff - message_tokens(SYSTEM) - sum(counts[start:last])
     if name == "bag-of-atoms":
         items = list(dict.fromkeys(atoms))
+    elif name == "atoms+filler":
+        items = [f"{a} {' '.join(filler[:3])}" for a in dict.fromkeys(atoms)]
     elif name == "uid-map":
         items = [f"[segment #{k + 1} · uids {a + 1}–{min(a + 40, start)}]" for k, a in enumerate(range(0, start, 40))]
     else:

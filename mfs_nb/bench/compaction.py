@@ -47,7 +47,7 @@ def run_one(messages: list[Any], window: int) -> dict[str, Any]:
         history = [{"role": e.role, "content": e.content, "tool_calls": list(e.tool_calls or ())} for e in events]
         facts = atoms.fact_set(history)
         first_raw = next((k for k, e in enumerate(events) if e.uid > covered), len(events))
-        score = atoms.score(facts.older(first_raw), atoms.Payload(final, facts.excluded))
+        score = atoms.score(facts.older(first_raw), atoms.Payload(final, facts))
         kept.update(in_payload=in_payload, facts=score, segments=len(committed))
 
     report = replay(messages, window=window, keep=keep)
