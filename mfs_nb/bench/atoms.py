@@ -58,7 +58,7 @@ from typing import Any
 KINDS = ("path", "command", "number", "error", "ident", "name")
 SOURCES = ("user", "assistant", "tool_call", "tool_result")
 WINDOW = 8  # words on each side that make an atom's context
-SPECIFIC = 0.10  # a context word beside more than this share of the facts (and more than 3) is too common
+SPECIFIC = 0.5  # a context word beside more than this share of the facts (and more than 3) is too common
 
 # --- tokens and words ------------------------------------------------------------------------
 

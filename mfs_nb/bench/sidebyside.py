@@ -382,7 +382,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "with a unit, error class names, identifiers, proper names. Every payload goes through one strip_markup "
             "(uid tags and ranges, segment headers, recall handles, cleared stubs, captions) before matching.",
             "In context: an atom counts only where a content word that stood within 8 words of it on its line in the "
-            "original stands within 8 words of it on its line in the payload, that word stood beside at most 10 % of "
+            "original stands within 8 words of it on its line in the payload, that word stood beside at most half of "
             "the conversation's facts, and in the payload it stands beside at most twice as many facts as in the "
             "conversation (so filler repeated after every atom vouches for none). Facts with no such word anywhere "
             "in the conversation (a path read by a bare Read call, say) are left out for every strategy; their "
