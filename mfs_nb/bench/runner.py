@@ -22,9 +22,22 @@ HEADER = (
 )
 
 
+def commit() -> str:
+    """The checkout's commit, when the package runs from a git checkout (else '')."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
 def machine() -> str:
+    rev = commit()
     return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"mfs_nb {__version__}")
+            f"mfs_nb {__version__}" + (f" at {rev}" if rev else ""))
 
 
 def run(names: list[str], data_dir: str | None, quick: bool, json_out: str | None, docs: Path | None,
