@@ -20,7 +20,7 @@ SCRIPT = [
 LOG_NAME = "incident-review.md"
 
 
-def _review() -> str:
+def incident_review() -> str:
     """A colleague's write-up pasted as a file: prose, what compaction shrinks best."""
     paragraphs = [
         "# Incident review: checkout slowdowns",
@@ -59,7 +59,7 @@ def run(out: TextIO, store: str | None = None) -> int:
         out.write("status line under each reply: ctx = share of the window used · tokens / window · prefix = share "
                   "of this payload identical to the previous call's (what a provider's prompt cache can reuse)\n\n")
         log = Path(folder) / LOG_NAME
-        log.write_text(_review(), encoding="utf-8")
+        log.write_text(incident_review(), encoding="utf-8")
         for text in SCRIPT[:3]:
             _turn(out, session, text, [str(log)] if text is SCRIPT[1] else [])
         out.write("— kernel restart: a new Session on the same store resumes the conversation —\n\n")

@@ -213,16 +213,17 @@ class MfsMagics(Magics, Configurable):
             from .ui.data import status_html
 
             pending = session.compactor.pending if session is not None else None
+            text = "\n".join([data["line"], *data["notices"]])
             if pending is None or pending.done.is_set():
-                display(Rich(data["line"], status_html(data)))
+                display(Rich(text, status_html(data)))
                 return
             # static HTML (readable after a reopen), replaced in place once the background work is done
             running = {**data, "notices": [*data["notices"], "organizing context…"]}
-            handle = display(Rich(data["line"], status_html(running)), display_id=True)
+            handle = display(Rich(text + "\norganizing context…", status_html(running)), display_id=True)
 
             def finish() -> None:
                 pending.done.wait()
-                handle.update(Rich(data["line"], status_html(data)))
+                handle.update(Rich(text, status_html(data)))
 
             threading.Thread(target=finish, daemon=True, name="mfs-organizing").start()
         else:

@@ -55,11 +55,11 @@ def _demo_session(store_dir):
     import pathlib
 
     from mfs_nb import Session
-    from mfs_nb.demo import SCRIPT, _review
+    from mfs_nb.demo import SCRIPT, incident_review
 
     doc = pathlib.Path(store_dir).parent / "review.md"
     doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(_review(), encoding="utf-8")
+    doc.write_text(incident_review(), encoding="utf-8")
     s = Session("one", store=store_dir)  # the offline default: real o200k usage anchors the meter
     replies = [s.chat(text, docs=[str(doc)] if text is SCRIPT[1] else []) for text in SCRIPT]
     return s, replies

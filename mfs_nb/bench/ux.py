@@ -55,11 +55,11 @@ print(json.dumps({"imports": t1 - t0, "session": t2 - t1, "events": len(s.events
 
 _COMPACT = r"""
 import json, pathlib, sys, time
-from mfs_nb.demo import SCRIPT, LOG_NAME, _review
+from mfs_nb.demo import SCRIPT, LOG_NAME, incident_review
 from mfs_nb.session import Session
 folder = pathlib.Path(sys.argv[1]); folder.mkdir(parents=True, exist_ok=True)
 doc = folder / LOG_NAME
-doc.write_text(_review(), encoding="utf-8")
+doc.write_text(incident_review(), encoding="utf-8")
 s = Session("short", store=str(folder))
 for text in SCRIPT:
     s.chat(text, docs=[str(doc)] if text is SCRIPT[1] else [])

@@ -45,9 +45,10 @@ def status_html(data: dict[str, Any]) -> str:
     width = min(100.0, data["ratio"] * 100)
     return (
         "<div class='mfs-status' style='font:12px monospace;color:#666'>"
-        f"<span style='display:inline-block;width:80px;height:6px;background:#eee;vertical-align:middle'>"
-        f"<span style='display:block;height:6px;width:{width:.1f}%;background:{html.escape(data['colour'])}'></span></span> "
-        f"{html.escape(data['line'])}{notices}</div>"
+        f"<span class='mfs-meter' style='display:inline-block;width:80px;height:6px;background:#eee;vertical-align:middle'>"
+        f"<span class='mfs-meter-fill' style='display:block;height:6px;width:{width:.1f}%;"
+        f"background:{html.escape(data['colour'])}'></span></span> "
+        f"<span class='mfs-line'>{html.escape(data['line'])}</span>{notices}</div>"
     )
 
 

@@ -30,7 +30,7 @@ def scale_bar(parts: Sequence[tuple[str, int, str]], total: int, marks: Sequence
     """A bar drawn to the scale of `total` (the window): coloured parts, then thin marks at lines."""
     total = max(total, 1)
     spans = "".join(
-        f"<span title='{_e(label)}' style='display:inline-block;height:16px;vertical-align:top;"
+        f"<span class='mfs-bar-part' title='{_e(label)}' style='display:inline-block;height:16px;vertical-align:top;"
         f"width:{min(100.0, 100 * tokens / total):.2f}%;background:{colour}'></span>"
         for label, tokens, colour in parts if tokens > 0)
     ticks = "".join(
@@ -56,7 +56,7 @@ def context_html(d: dict[str, Any]) -> str:
             f"({usage['ratio']:.1%}) · tier {_e(usage['tier'])} · {_e(usage['source'])}"
             + (f" · red line: compaction at {human(lines['compress'])}" if "compress" in lines else "") + "</div>")
     rows = "".join(
-        f"<details style='border-top:1px solid #eee'><summary style='cursor:pointer;font-family:monospace'>"
+        f"<details class='mfs-layer' style='border-top:1px solid #eee'><summary style='cursor:pointer;font-family:monospace'>"
         f"<span style='display:inline-block;width:10px;height:10px;background:{KIND_COLOURS.get(x['kind'], '#999')};"
         f"margin-right:6px'></span>{_e(x['label'])} · {_e(x['span'])} · {x['tokens']:,} tokens"
         f"{' · degraded' if x['degraded'] else ''}</summary><pre style='{PRE}'>{_e(x['text'])}</pre></details>"
