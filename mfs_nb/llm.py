@@ -191,7 +191,7 @@ class LLM:
         if is_offline(endpoint.model) and not endpoint.api_base:
             from . import offline  # answered in-process: the first offline reply never waits for litellm
 
-            text, usage = offline.complete(messages, stream, on_delta)
+            text, usage = offline.complete(messages, stream, on_delta, tools)
             return Completion(text, [], usage, endpoint.label, endpoint.model)
         litellm = litellm_module()
         kwargs: dict[str, Any] = {

@@ -8,6 +8,7 @@ summary: same input, same text.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from functools import cache
@@ -80,15 +81,17 @@ def extractive_summary(messages: list[dict[str, Any]], target_tokens: int = 1000
     return "\n".join(lines) or "- (nothing to summarize)"
 
 
-def _usage(messages: list[dict[str, Any]], reply: str) -> dict[str, int]:
+def _usage(messages: list[dict[str, Any]], reply: str, tools: list[dict[str, Any]] | None = None) -> dict[str, int]:
     count = exact_counter("o200k_base") or estimate_tokens
     prompt = sum(message_tokens(m, count) for m in messages) + 3
+    if tools:  # a provider counts the tool schemas it was sent in the prompt, so the anchor includes them
+        prompt += count(json.dumps(tools))
     completion = count(reply)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def complete(messages: list[dict[str, Any]], stream: bool = True,
-             on_delta: Callable[[str], None] | None = None) -> tuple[str, dict[str, int]]:
+def complete(messages: list[dict[str, Any]], stream: bool = True, on_delta: Callable[[str], None] | None = None,
+             tools: list[dict[str, Any]] | None = None) -> tuple[str, dict[str, int]]:
     """The offline default answered in-process, without importing litellm (which takes seconds):
     the same text and usage the litellm provider below returns, streamed in the same pieces."""
     reply = offline_reply(messages)
@@ -96,7 +99,7 @@ def complete(messages: list[dict[str, Any]], stream: bool = True,
         words = re.findall(r"\S+\s*", reply)
         for i in range(0, len(words), 8):
             on_delta("".join(words[i:i + 8]))
-    return reply, _usage(messages, reply)
+    return reply, _usage(messages, reply, tools)
 
 
 @cache
@@ -109,7 +112,7 @@ def _provider_class() -> type:
 
         def completion(self, model: str, messages: list, *args: Any, **kwargs: Any) -> ModelResponse:
             reply = offline_reply(messages)
-            usage = _usage(messages, reply)
+            usage = _usage(messages, reply, (kwargs.get("optional_params") or {}).get("tools"))
             return ModelResponse(
                 model=model,
                 choices=[Choices(message=Message(role="assistant", content=reply), finish_reason="stop", index=0)],
@@ -119,7 +122,7 @@ def _provider_class() -> type:
 
         def streaming(self, model: str, messages: list, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
             reply = offline_reply(messages)
-            usage = _usage(messages, reply)
+            usage = _usage(messages, reply, (kwargs.get("optional_params") or {}).get("tools"))
             words = re.findall(r"\S+\s*", reply)
             for i in range(0, len(words), 8):
                 yield {"text": "".join(words[i:i + 8]), "tool_use": None, "is_finished": False,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -34,6 +35,9 @@ def _run(tmp_path: Path) -> tuple[list[str], list[list[dict]], dict]:
 
 def test_quickstart_runs_offline_shows_static_outputs_and_resumes(tmp_path, monkeypatch):
     monkeypatch.setenv("MFS_STORE", str(tmp_path / ".mfs"))
+    # the kernel runs in tmp_path: make it import this checkout, not whichever copy is installed
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(NOTEBOOK.parent.parent),
+                                                                   os.environ.get("PYTHONPATH")])))
     first, outputs, _ = _run(tmp_path)
     load, _, chat1, _, chat2, recall, status, compact, context, ledger, api = first
     assert "No model is configured" in chat1 and "ctx " in chat1

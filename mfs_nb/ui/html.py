@@ -81,7 +81,7 @@ def ledger_summary(d: dict[str, Any]) -> str:
     peak = max((p.get("tokens", 0) for p in series), default=0)
     last = series[-1].get("tokens", 0) if series else 0
     acted = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no actions yet"
-    return (f"{len(series)} call{'s' if len(series) != 1 else ''} · payload now {human(last)}, peak {human(peak)} of "
+    return (f"{len(series)} call{'s' if len(series) != 1 else ''} · payload at the last call {human(last)}, peak {human(peak)} of "
             f"{human(d.get('effective') or 0)} usable · {acted}")
 
 

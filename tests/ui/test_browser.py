@@ -55,7 +55,9 @@ def test_outputs_render_and_survive_a_reopen_in_jupyterlab(tmp_path):
     shutil.copy(ROOT / "examples" / "quickstart.ipynb", work / "quickstart.ipynb")
     port, token = _free_port(), "mfs-test-token"
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
-           "MFS_STORE": str(tmp_path / "store"), "MFS_FAILSHOT": str(tmp_path)}
+           "MFS_STORE": str(tmp_path / "store"), "MFS_FAILSHOT": str(tmp_path),
+           # the kernel runs in another folder: make it import this checkout, not whichever is installed
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     env.pop("MFS_MODEL", None)
     log = (tmp_path / "lab.log").open("w")
     server = subprocess.Popen(
