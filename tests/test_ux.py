@@ -166,3 +166,22 @@ def test_recall_html_breaks_lines_between_words(store_dir):
     s.chat("a message with ordinary words")
     page = recall_html(s.recall(1, 2))
     assert "word-break:normal" in page and "overflow-wrap:break-word" in page and "break-all" not in page
+
+
+def test_cli_progress_line_only_on_a_terminal():
+    import io
+
+    from mfs_nb.cli import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    tty, pipe = Tty(), io.StringIO()
+    for stream in (tty, pipe):
+        bar = Progress("replay", 3, "calls", stream)
+        for _ in range(3):
+            bar.step("1,200 tokens")
+        bar.close()
+    assert "[replay] 3/3 calls · 100%" in tty.getvalue() and tty.getvalue().endswith("\n")
+    assert pipe.getvalue() == ""  # logs and captured output stay clean
