@@ -68,7 +68,9 @@ def context_html(d: dict[str, Any]) -> str:
     if d["tools"]:
         items = "".join(f"<li>#{t['uid']} {_e(t['name'])} → {_e(t['state'])} ({t['chars']:,} chars)</li>"
                         for t in d["tools"])
-        tools = f"<div style='margin-top:6px'>tool trajectory: {len(d['tools'])} call(s)<ul>{items}</ul></div>"
+        tools = (f"<details class='mfs-tools' style='margin-top:6px'{' open' if len(d['tools']) <= 10 else ''}>"
+                 f"<summary style='cursor:pointer'>tool trajectory: {len(d['tools'])} call(s)</summary>"
+                 f"<ul style='max-height:240px;overflow-y:auto;margin:4px 0'>{items}</ul></details>")
     return (f"<div class='mfs-context' style='{PANEL}'>{head}{scale_bar(parts, usage['window'], marks)}"
             f"<div style='color:#555'>{legend}</div>{gaps}{rows}{tools}</div>")
 

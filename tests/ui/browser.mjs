@@ -20,6 +20,8 @@ try {
   // the kernel must be up before "Run All Cells" is worth clicking
   await page.waitForFunction(() => /Idle/.test(document.body.innerText), null, { timeout: 120000 });
   await page.waitForTimeout(1000);
+  // JupyterLab asks once whether to fetch news; answer so the toast does not cover the outputs
+  await page.getByRole("button", { name: "No", exact: true }).click({ timeout: 5000 }).catch(() => {});
   await page.locator(".lm-MenuBar-itemLabel", { hasText: /^Run$/ }).click();
   await page.locator(".lm-Menu-itemLabel", { hasText: /^Run All Cells$/ }).click();
   for (const sel of [".mfs-status", ".mfs-recall", ".mfs-context", ".mfs-ledger"]) {
