@@ -107,7 +107,7 @@ def _provider_class() -> type:
     from litellm import CustomLLM
     from litellm.types.utils import Choices, Message, ModelResponse, Usage
 
-    class OfflineProvider(CustomLLM):  # type: ignore[misc]
+    class OfflineProvider(CustomLLM):
         """litellm custom provider `mfs-offline/…`."""
 
         def completion(self, model: str, messages: list, *args: Any, **kwargs: Any) -> ModelResponse:
@@ -120,7 +120,7 @@ def _provider_class() -> type:
                             total_tokens=usage["total_tokens"]),
             )
 
-        def streaming(self, model: str, messages: list, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        def streaming(self, model: str, messages: list, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:  # type: ignore[override]
             reply = offline_reply(messages)
             usage = _usage(messages, reply, (kwargs.get("optional_params") or {}).get("tools"))
             words = re.findall(r"\S+\s*", reply)
