@@ -185,3 +185,22 @@ def test_cli_progress_line_only_on_a_terminal():
         bar.close()
     assert "[replay] 3/3 calls · 100%" in tty.getvalue() and tty.getvalue().endswith("\n")
     assert pipe.getvalue() == ""  # logs and captured output stay clean
+
+
+def test_fact_scan_of_long_lines_in_windows_agrees_with_one_scan():
+    from mfs_nb import facts
+
+    def one_scan(line: str):
+        for kind, pattern in ((facts.ERROR, facts._ERROR), (facts.COMMAND, facts._COMMAND),
+                              (facts.PATH, facts._PATH), (facts.NUMBER, facts._NUMBER)):
+            if pattern.search(line):
+                return kind
+        return None
+
+    filler = "lorem ipsum dolor sit amet " * 40  # ~1,100 chars of prose without facts
+    probes = ["deploy/pool.yaml", "took 30 ms", "TimeoutError: pool exhausted", "`pytest -k pool`",
+              "https://example.org/a/b", "abc123", "x" * 700, "v2.1.0-rc", "在上海花了 37 元"]
+    for probe in probes:
+        for at in (0, 250, 256, 300, 511, 700, len(filler)):
+            line = filler[:at] + probe + " " + filler[at:]
+            assert facts.classify(line) == one_scan(line), (probe, at)
