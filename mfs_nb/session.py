@@ -153,6 +153,12 @@ class Session:
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
         if self.settings.window_tokens:
             self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
+        from . import warm
+
+        if warm.enabled() and self._injected_llm is None:  # the embedding gate off the chat turns
+            from .track import warm_gate_in_background
+
+            warm_gate_in_background(self.settings.embedding_model)
 
     # -- configuration ---------------------------------------------------------------------
     def configure(self, **values: Any) -> Settings:

@@ -159,6 +159,26 @@ def cached_gate(embedder: CachedEmbedder) -> str | None:
         return problem
 
 
+_WARMING: set[str] = set()
+
+
+def warm_gate_in_background(name: str) -> None:
+    """Settle the gate's verdict for `name` in a daemon thread, once per process, so the first
+    compaction does not run it inside a chat turn (a Session started without `%load_ext`)."""
+    with _GATE_LOCK:
+        if name == "off" or name in _WARMING:
+            return
+        _WARMING.add(name)
+
+    def work() -> None:
+        try:
+            warm_gate(name)
+        except Exception:  # the first compaction loads it itself, and says so if it cannot
+            pass
+
+    threading.Thread(target=work, daemon=True, name="mfs-gate").start()
+
+
 def warm_gate(name: str = embed.DEFAULT_MODEL) -> str | None:
     """Load the embedder of a setting and settle its gate verdict (for a background thread at load)."""
     inner = embed.load(name)

@@ -56,7 +56,10 @@ class Warmup:
 def _store(_: Warmup) -> None:
     import lancedb  # noqa: F401  (the import is what takes seconds)
 
-    from . import store  # noqa: F401
+    from . import session, store  # noqa: F401
+    from .tokens import exact_counter
+
+    exact_counter("o200k_base")  # the offline default counts usage with it: load its table now
 
 
 def _model_client(_: Warmup) -> None:
