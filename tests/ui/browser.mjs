@@ -63,11 +63,16 @@ try {
   // save, stop the kernel, reload: what a person sees reopening the notebook later
   await page.locator(".jp-Notebook").first().click();
   await page.keyboard.press("Control+s");
-  await page.waitForFunction(async ([u, t, n]) => {
-    const r = await fetch(`${u}/api/contents/${n}?token=${t}`);
-    const nb = await r.json();
+  // wait for JupyterLab to say the save is done; reading the file while the server writes it would
+  // race its atomic write (the server then restores the previous file as "….invalid")
+  await page.waitForFunction(() => /Saving completed/.test(document.body.innerText)
+    && !document.querySelector(".lm-TabBar-tab.jp-mod-dirty"), null, { timeout: 60000 });
+  await page.waitForTimeout(1500);
+  const saved = await page.evaluate(async ([u, t, n]) => {
+    const nb = await (await fetch(`${u}/api/contents/${n}?token=${t}`)).json();
     return JSON.stringify(nb.content).includes("mfs-ledger");
-  }, [url, token, notebook], { timeout: 60000, polling: 1000 });
+  }, [url, token, notebook]);
+  if (!saved) throw new Error("the saved notebook has no mfs outputs");
   await page.evaluate(async ([u, t]) => {
     const sessions = await (await fetch(`${u}/api/sessions?token=${t}`)).json();
     for (const s of sessions) await fetch(`${u}/api/sessions/${s.id}?token=${t}`, { method: "DELETE" });
