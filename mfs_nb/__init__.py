@@ -41,10 +41,14 @@ def __getattr__(name: str) -> Any:
 
 
 def load_ipython_extension(ipython: Any) -> None:
-    """`%load_ext mfs_nb`: register the magics (no litellm, LanceDB or torch import here)."""
+    """`%load_ext mfs_nb`: register the magics; litellm, LanceDB and the embedder warm up off the cell."""
+    from . import warm
     from .magics import MfsMagics
 
-    ipython.register_magics(MfsMagics(ipython))
+    magics = MfsMagics(ipython)
+    ipython.register_magics(magics)
+    # store libraries, the model client and the embedding gate load in a background thread
+    magics.warmup = warm.start()
 
 
 def unload_ipython_extension(ipython: Any) -> None:

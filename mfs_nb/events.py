@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,13 +20,17 @@ def content_hash(content: str) -> str:
     return hashlib.sha256(content.encode("utf-8")).hexdigest()
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def clean_text(text: str) -> str:
-    """Make any Python str storable as UTF-8: lone surrogates become U+FFFD, the rest is kept."""
+    """Make any Python str storable as UTF-8: each lone surrogate becomes one U+FFFD, the rest is kept.
+    (User messages with surrogates are refused before this, with a one-line error.)"""
     try:
         text.encode("utf-8")
         return text
     except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return _SURROGATE.sub("\ufffd", text)
 
 
 @dataclass(frozen=True)

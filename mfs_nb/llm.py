@@ -188,6 +188,11 @@ class LLM:
 
     def _call(self, endpoint: Endpoint, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
               stream: bool, on_delta: Callable[[str], None] | None) -> Completion:
+        if is_offline(endpoint.model) and not endpoint.api_base:
+            from . import offline  # answered in-process: the first offline reply never waits for litellm
+
+            text, usage = offline.complete(messages, stream, on_delta, tools)
+            return Completion(text, [], usage, endpoint.label, endpoint.model)
         litellm = litellm_module()
         kwargs: dict[str, Any] = {
             "model": endpoint.model,

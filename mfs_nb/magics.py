@@ -1,27 +1,29 @@
 """The IPython boundary: `%%chat`, `%recall`, `%mfs` (DESIGN §1).
 
-Parsing is argparse raising `UsageError`; engine errors (`MfsError`) print one line and leave
-the session usable. Settings are traitlets, so `%config MfsMagics.model = "…"` works, and each
+One error policy (README, "Mistakes and errors"): every mistake a person can make in an mfs cell —
+a bad option, an empty cell, a malformed range, a bad setting, a failed call — prints one line
+`mfs: …` on stderr, leaves the session usable, and does not stop Run All. Settings are traitlets, so `%config MfsMagics.model = "…"` works, and each
 value is validated before it is applied.
 """
 
 from __future__ import annotations
 
 import argparse
+import html
 import re
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.display import Markdown, display
 from traitlets import Int, TraitError, Unicode, observe, validate
 from traitlets.config import Configurable
 
-from .errors import MfsError
+from .errors import InputError, MfsError
 from .settings import Settings
 
 _TEMPLATE = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -30,7 +32,7 @@ _RANGE = re.compile(r"^\s*#?(\d+)\s*(?:(?:-|–|\.\.|\s)\s*#?(\d+))?\s*$")
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse would exit the kernel
-        raise UsageError(f"{self.prog}: {message}")
+        raise InputError(f"{self.prog}: {message}")
 
 
 def _chat_parser() -> _Parser:
@@ -67,8 +69,15 @@ def parse_uid_range(line: str) -> tuple[int, int | None]:
     """`102-140`, `102 140`, `#102`, `102` → (from, to)."""
     m = _RANGE.match(line or "")
     if not m:
-        raise UsageError(f"%recall: expected a uid or a range like 102-140, got {line.strip()!r}")
+        raise InputError(f"%recall: expected a uid or a range like 102-140, got {line.strip()!r}")
     return int(m.group(1)), int(m.group(2)) if m.group(2) else None
+
+
+def _split(line: str) -> list[str]:
+    try:
+        return shlex.split(line)
+    except ValueError as exc:  # an unclosed quote
+        raise InputError(f"cannot read the options {line.strip()!r}: {exc}") from None
 
 
 def _error(exc: BaseException) -> None:
@@ -90,6 +99,7 @@ class MfsMagics(Magics, Configurable):
         shell.configurables.append(self)
         self._sessions: dict[str, Any] = {}
         self._store: Any = None
+        self.warmup: Any = None  # set by %load_ext: the background warm-up (mfs_nb.warm)
 
     # -- traitlets: validate before anything is applied ----------------------------------
     @validate("model")
@@ -140,6 +150,7 @@ class MfsMagics(Magics, Configurable):
 
         name = name or self.session
         if name not in self._sessions:
+            self._wait_for("store")
             explicit: dict[str, Any] = {k: v for k, v in (("model", self.model), ("window_tokens", self.window_tokens)) if v}
             session = Session(name, store=self._get_store(), **explicit)
             if session.settings.notebook_tools:
@@ -149,6 +160,16 @@ class MfsMagics(Magics, Configurable):
                     session.register_tool(tool)
             self._sessions[name] = session
         return self._sessions[name]
+
+    def _wait_for(self, stage: str) -> None:
+        """Wait for a warm-up stage still running, saying so in the cell."""
+        from .warm import LABELS
+
+        warm = self.warmup
+        if warm is None or warm.ready(stage):
+            return
+        with _Progress(self.shell, f"{LABELS[stage]} (first use in this kernel)…"):
+            warm.wait(stage)
 
     # -- %%chat --------------------------------------------------------------------------
     @cell_magic
@@ -161,11 +182,17 @@ class MfsMagics(Magics, Configurable):
         --doc PATH: attach a file as a content-addressed snapshot (repeatable).
         --own: these are your own words, even if long (no automatic snapshot).
         """
-        args = _chat_parser().parse_args(shlex.split(line))
         try:
+            args = _chat_parser().parse_args(_split(line))
+            if not cell.strip() and not args.doc:
+                raise InputError("the %%chat cell is empty: write your message under the %%chat line")
             session = self.get_session(args.session)
             if args.model:
                 session.configure(model=args.model)
+            from .llm import is_offline
+
+            if not is_offline(session.settings.model):
+                self._wait_for("model client")
             text, unknown = substitute(cell, self.shell.user_ns if self.shell else {})
             if unknown:
                 print(f"mfs: left as written (no such variable): {', '.join('{' + u + '}' for u in unknown)}",
@@ -183,13 +210,22 @@ class MfsMagics(Magics, Configurable):
 
         data = status_data(usage, notices)
         if _has_frontend(self.shell):
-            from .ui.status import StatusBar
+            from .ui.data import status_html
 
-            bar = StatusBar(data=data)
             pending = session.compactor.pending if session is not None else None
-            if pending is not None and not pending.done.is_set():
-                bar.follow(pending.done)
-            display(bar)
+            text = "\n".join([data["line"], *data["notices"]])
+            if pending is None or pending.done.is_set():
+                display(Rich(text, status_html(data)))
+                return
+            # static HTML (readable after a reopen), replaced in place once the background work is done
+            running = {**data, "notices": [*data["notices"], "organizing context…"]}
+            handle = display(Rich(text + "\norganizing context…", status_html(running)), display_id=True)
+
+            def finish() -> None:
+                pending.done.wait()
+                handle.update(Rich(text, status_html(data)))
+
+            threading.Thread(target=finish, daemon=True, name="mfs-organizing").start()
         else:
             print(data["line"])
             for notice in notices:
@@ -200,32 +236,29 @@ class MfsMagics(Magics, Configurable):
     def compact(self, line: str) -> None:
         """Compact the conversation now: %compact [focus instructions for the summary]."""
         try:
-            notices = self.get_session().compact(line.strip())
+            session = self.get_session()
+            with _Progress(self.shell, "organizing context…"):
+                notices = session.compact(line.strip())
         except MfsError as exc:
             _error(exc)
             return
         for notice in notices:
             print(notice)
-        print(self.get_session().usage().status_line())
+        print(session.usage().status_line())
 
     # -- %recall -------------------------------------------------------------------------
     @line_magic
     def recall(self, line: str) -> None:
         """Show the original messages of a uid range, verbatim: %recall 102-140 (or 102 140, or 102)."""
-        a, b = parse_uid_range(line)
         try:
+            a, b = parse_uid_range(line)
             events = self.get_session().recall(a, b)
         except MfsError as exc:
             _error(exc)
             return
-        from .ui.data import recall_data, recall_html, recall_text
+        from .ui.data import recall_html, recall_text
 
-        if _has_frontend(self.shell):
-            from .ui.recall import RecallView
-
-            display(RecallView(data=recall_data(events)))
-        else:
-            display(Rich(recall_text(events), recall_html(events)))
+        display(Rich(recall_text(events), recall_html(events)))
 
     # -- %context ------------------------------------------------------------------------
     @line_magic
@@ -246,7 +279,7 @@ class MfsMagics(Magics, Configurable):
 
         view = ContextView(recall=recall, data=data)
         if _has_frontend(self.shell):
-            display(view)
+            display(Rich(view.text(), view.html()))  # static: readable in a reopened notebook
         else:
             print(view.text())
 
@@ -254,12 +287,13 @@ class MfsMagics(Magics, Configurable):
     @line_magic
     def mfs(self, line: str) -> None:
         """Session management: %mfs status | sessions | new NAME | use NAME | config [key=value …] | ledger | gc [--dry-run] | help"""
-        words = shlex.split(line)
-        command, rest = (words[0], words[1:]) if words else ("status", [])
-        handler: Callable[[list[str]], None] | None = getattr(self, f"_mfs_{command}", None)
-        if handler is None:
-            raise UsageError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, config, ledger, gc, help")
         try:
+            words = _split(line)
+            command, rest = (words[0], words[1:]) if words else ("status", [])
+            handler: Callable[[list[str]], None] | None = getattr(self, f"_mfs_{command}", None)
+            if handler is None:
+                raise InputError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, config, "
+                                 "ledger, gc, help")
             handler(rest)
         except MfsError as exc:
             _error(exc)
@@ -294,16 +328,16 @@ class MfsMagics(Magics, Configurable):
 
     def _mfs_new(self, rest: list[str]) -> None:
         if len(rest) != 1:
-            raise UsageError("%mfs new NAME: give exactly one session name")
+            raise InputError("%mfs new NAME: give exactly one session name")
         if rest[0] in self._get_store().sessions():
-            raise UsageError(f"%mfs new: session {rest[0]!r} exists already; switch to it with %mfs use {rest[0]}")
+            raise InputError(f"%mfs new: session {rest[0]!r} exists already; switch to it with %mfs use {rest[0]}")
         self.session = rest[0]
         self.get_session()
         print(f"session {self.session} created; %%chat now talks to it")
 
     def _mfs_use(self, rest: list[str]) -> None:
         if len(rest) != 1:
-            raise UsageError("%mfs use NAME: give exactly one session name")
+            raise InputError("%mfs use NAME: give exactly one session name")
         self.session = rest[0]
         s = self.get_session()
         print(f"session {self.session}: {len(s.events)} events, last uid {s.last_uid}")
@@ -317,7 +351,7 @@ class MfsMagics(Magics, Configurable):
         values = {}
         for word in rest:
             if "=" not in word:
-                raise UsageError(f"%mfs config: expected key=value, got {word!r}")
+                raise InputError(f"%mfs config: expected key=value, got {word!r}")
             key, value = word.split("=", 1)
             values[key.strip()] = value
         new = s.configure(**values)
@@ -328,7 +362,7 @@ class MfsMagics(Magics, Configurable):
         from . import snapshots
 
         if rest not in ([], ["--dry-run"]):
-            raise UsageError("%mfs gc [--dry-run]")
+            raise InputError("%mfs gc [--dry-run]")
         dry = rest == ["--dry-run"]
         live = [e.content for s in self._sessions.values() for e in s.events if snapshots.DIR in e.content]
         gone = snapshots.garbage(self._get_store(), live, ["."], dry_run=dry)
@@ -345,9 +379,34 @@ class MfsMagics(Magics, Configurable):
         session = self.get_session()
         view = LedgerView(data=ledger_data(session.ledger(), session.history, session.usage().effective))
         if _has_frontend(self.shell):
-            display(view)
+            display(Rich(view.text(), view.html()))
         else:
+            from .ui.html import ledger_summary
+
+            print(ledger_summary(view.data))
             print(view.text())
+
+
+class _Progress:
+    """A line saying what a cell is waiting for (model client, store, compaction), shown while it
+    waits and then cleared; in a terminal, one line on stderr."""
+
+    def __init__(self, shell: Any, text: str):
+        self.rich = _has_frontend(shell)
+        self.text = text
+        self.handle: Any = None
+
+    def __enter__(self) -> _Progress:
+        if self.rich:
+            self.handle = display(Rich(self.text, f"<div style='font:12px monospace;color:#777'>"
+                                                  f"<i>{html.escape(self.text)}</i></div>"), display_id=True)
+        else:
+            print(f"mfs: {self.text}", file=sys.stderr)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.handle is not None:
+            self.handle.update(Rich("", ""))
 
 
 class Rich:

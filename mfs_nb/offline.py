@@ -8,12 +8,11 @@ summary: same input, same text.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import cache
 from typing import Any
-
-from litellm import CustomLLM
-from litellm.types.utils import Choices, Message, ModelResponse, Usage
 
 from .tokens import estimate_tokens, exact_counter, message_tokens
 
@@ -25,6 +24,9 @@ _CHAT_REPLY = (
     "a model is set: `%mfs config model=openai/gpt-4o-mini` with `OPENAI_API_KEY` in the "
     "environment, or any litellm model name via `MFS_MODEL`."
 )
+
+
+_CANNED = " ".join(_CHAT_REPLY.split())
 
 
 def offline_reply(messages: list[dict[str, Any]]) -> str:
@@ -61,8 +63,8 @@ def extractive_summary(messages: list[dict[str, Any]], target_tokens: int = 1000
         if m.get("role") not in ("user", "assistant"):
             continue
         text = " ".join((m.get("content") or "").split())
-        if not text or text.startswith("(continuing"):
-            continue
+        if not text or text.startswith("(continuing") or text == _CANNED:
+            continue  # the offline default's own notice carries nothing worth summarizing
         best = _best_sentence(text)
         if len(best) > 160:
             best = best[:159] + "…"
@@ -79,31 +81,61 @@ def extractive_summary(messages: list[dict[str, Any]], target_tokens: int = 1000
     return "\n".join(lines) or "- (nothing to summarize)"
 
 
-def _usage(messages: list[dict[str, Any]], reply: str) -> dict[str, int]:
+def _usage(messages: list[dict[str, Any]], reply: str, tools: list[dict[str, Any]] | None = None) -> dict[str, int]:
     count = exact_counter("o200k_base") or estimate_tokens
     prompt = sum(message_tokens(m, count) for m in messages) + 3
+    if tools:  # a provider counts the tool schemas it was sent in the prompt, so the anchor includes them
+        prompt += count(json.dumps(tools))
     completion = count(reply)
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-class OfflineProvider(CustomLLM):
-    """litellm custom provider `mfs-offline/…`."""
-
-    def completion(self, model: str, messages: list, *args: Any, **kwargs: Any) -> ModelResponse:
-        reply = offline_reply(messages)
-        usage = _usage(messages, reply)
-        return ModelResponse(
-            model=model,
-            choices=[Choices(message=Message(role="assistant", content=reply), finish_reason="stop", index=0)],
-            usage=Usage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
-                        total_tokens=usage["total_tokens"]),
-        )
-
-    def streaming(self, model: str, messages: list, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:  # type: ignore[override]
-        reply = offline_reply(messages)
-        usage = _usage(messages, reply)
+def complete(messages: list[dict[str, Any]], stream: bool = True, on_delta: Callable[[str], None] | None = None,
+             tools: list[dict[str, Any]] | None = None) -> tuple[str, dict[str, int]]:
+    """The offline default answered in-process, without importing litellm (which takes seconds):
+    the same text and usage the litellm provider below returns, streamed in the same pieces."""
+    reply = offline_reply(messages)
+    if stream and on_delta:
         words = re.findall(r"\S+\s*", reply)
         for i in range(0, len(words), 8):
-            yield {"text": "".join(words[i:i + 8]), "tool_use": None, "is_finished": False,
-                   "finish_reason": "", "usage": None, "index": 0}
-        yield {"text": "", "tool_use": None, "is_finished": True, "finish_reason": "stop", "usage": usage, "index": 0}
+            on_delta("".join(words[i:i + 8]))
+    return reply, _usage(messages, reply, tools)
+
+
+@cache
+def _provider_class() -> type:
+    from litellm import CustomLLM
+    from litellm.types.utils import Choices, Message, ModelResponse, Usage
+
+    class OfflineProvider(CustomLLM):
+        """litellm custom provider `mfs-offline/…`."""
+
+        def completion(self, model: str, messages: list, *args: Any, **kwargs: Any) -> ModelResponse:
+            reply = offline_reply(messages)
+            usage = _usage(messages, reply, (kwargs.get("optional_params") or {}).get("tools"))
+            return ModelResponse(
+                model=model,
+                choices=[Choices(message=Message(role="assistant", content=reply), finish_reason="stop", index=0)],
+                usage=Usage(prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"],
+                            total_tokens=usage["total_tokens"]),
+            )
+
+        def streaming(self, model: str, messages: list, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+            reply = offline_reply(messages)
+            usage = _usage(messages, reply, (kwargs.get("optional_params") or {}).get("tools"))
+            words = re.findall(r"\S+\s*", reply)
+            for i in range(0, len(words), 8):
+                yield {"text": "".join(words[i:i + 8]), "tool_use": None, "is_finished": False,
+                       "finish_reason": "", "usage": None, "index": 0}
+            yield {"text": "", "tool_use": None, "is_finished": True, "finish_reason": "stop", "usage": usage,
+                   "index": 0}
+
+    return OfflineProvider
+
+
+def __getattr__(name: str) -> Any:
+    # `OfflineProvider` subclasses litellm's CustomLLM: built on first use, so importing this
+    # module (and answering offline in-process) never imports litellm
+    if name == "OfflineProvider":
+        return _provider_class()
+    raise AttributeError(name)

@@ -153,6 +153,12 @@ class Session:
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
         if self.settings.window_tokens:
             self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
+        from . import warm
+
+        if warm.enabled() and self._injected_llm is None:  # the embedding gate off the chat turns
+            from .track import warm_gate_in_background
+
+            warm_gate_in_background(self.settings.embedding_model)
 
     # -- configuration ---------------------------------------------------------------------
     def configure(self, **values: Any) -> Settings:
@@ -589,12 +595,12 @@ class Session:
             return text, Verdict(DOCUMENT, "explicit", "", None, 0.0, len(text), snap.first_line, (snap.to_json(),))
         return text, None
 
-    def _check_size(self, text: str, what: str) -> None:
+    def _check_size(self, text: str, what: str, hint: str = "") -> None:
         limit = int(self.profile().effective * MAX_MESSAGE_SHARE)
         size = estimate_tokens(text)
         if size > limit:
             raise InputError(f"{what} is about {size:,} tokens ({len(text):,} chars), more than half of the "
-                             f"{self.profile().effective:,}-token usable window; shorten or split it")
+                             f"{self.profile().effective:,}-token usable window; shorten or split it{hint}")
 
     def _check_message(self, text: str | bytes) -> str:
         if isinstance(text, bytes):
@@ -609,7 +615,15 @@ class Session:
             raise InputError("the message is empty: write something under %%chat")
         if "\x00" in text:
             raise InputError("the message contains NUL bytes, which looks like binary data; paste text instead")
-        self._check_size(text, "the message")
+        bad = [i for i, ch in enumerate(text) if "\ud800" <= ch <= "\udfff"]
+        if bad:  # undecodable bytes smuggled in as lone surrogates: refused like the bytes themselves
+            raise InputError(f"the message is not valid text ({len(bad)} undecodable character"
+                             f"{'s' if len(bad) != 1 else ''}, the first at position {bad[0]}); "
+                             "decode the source as UTF-8 (or with errors='replace') and paste it again")
+        limit = int(self.profile().effective * MAX_MESSAGE_SHARE)
+        if estimate_tokens(text) > limit:
+            self._check_size(text, "the message", hint="; to send a long text whole, save it to a file and attach it "
+                                                       "with %%chat --doc PATH (Session.chat(docs=[PATH]))")
         return text
 
     # -- ledger and persistence ------------------------------------------------------------

@@ -149,12 +149,13 @@ def _int(raw: Any) -> int:
 
 
 def from_environment() -> dict[str, Any]:
-    """Settings given by environment variables (MFS_MODEL, MFS_WINDOW, MFS_FALLBACK_*)."""
+    """Settings given by environment variables (MFS_MODEL, MFS_WINDOW, MFS_FALLBACK_*, MFS_EMBEDDING_MODEL)."""
     env = {
         "model": os.environ.get("MFS_MODEL"),
         "api_base": os.environ.get("MFS_API_BASE"),
         "window_tokens": os.environ.get("MFS_WINDOW"),
         "fallback_model": os.environ.get("MFS_FALLBACK_MODEL"),
         "fallback_base_url": os.environ.get("MFS_FALLBACK_BASE_URL"),
+        "embedding_model": os.environ.get("MFS_EMBEDDING_MODEL"),
     }
     return {k: v for k, v in env.items() if v}

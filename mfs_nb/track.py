@@ -12,10 +12,13 @@ trips the stop-loss rule. Any error while classifying one message makes it own w
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import threading
 from collections.abc import Sequence
 from importlib import resources
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,7 +31,7 @@ if TYPE_CHECKING:
     from .events import Event
     from .session import Session
 
-_GATES: dict[str, str | None] = {}  # model id -> reason the vector layer is off (None: on)
+_GATES: dict[str, str | None] = {}  # gate key (model id, version, probe) -> reason the layer is off (None: on)
 _GATE_LOCK = threading.Lock()
 _CACHE_MAX = 20_000
 
@@ -60,11 +63,33 @@ def gate_probe() -> list[dict[str, Any]]:
     return json.loads(resources.files("mfs_nb").joinpath("data/gate_probe.json").read_text(encoding="utf-8"))
 
 
+def prefetch(embedder: CachedEmbedder, jobs: Sequence[tuple[str, Sequence[tuple[int, str]]]]) -> None:
+    """Embed in one batch every text that classifying `jobs` (text, recent replies) will ask for.
+    Which texts `origin.classify` embeds depends on n-gram overlaps only, never on the vectors, so a
+    dry run with placeholder vectors names them all; one call to the model costs about what one
+    text does (its per-call overhead dominates), and the real runs then hit the cache."""
+    wanted: list[str] = []
+
+    def record(texts: list[str]) -> np.ndarray:
+        wanted.extend(texts)
+        return np.ones((len(texts), 8), dtype=np.float32)
+
+    for text, recent in jobs:
+        try:
+            origin.classify(text, recent, record, estimate_tokens)
+        except Exception:  # the real run decides; this only warms the cache
+            pass
+    if wanted:
+        embedder(list(dict.fromkeys(wanted)))
+
+
 def gate(embedder: CachedEmbedder) -> str | None:
     """Quality gate, then the stop-loss rule on the shipped probe. None: the layer may run."""
     problem = embed.quality_problem(embedder.inner)
     if problem:
         return problem
+    prefetch(embedder, [(text, list(enumerate(item["context"], start=1)))
+                        for item in gate_probe() for text in item["own"] + item["quote"]])
     own_m: list[float] = []
     quote_m: list[float] = []
     wrong = total = 0
@@ -78,6 +103,86 @@ def gate(embedder: CachedEmbedder) -> str | None:
         for text in item["quote"]:
             quote_m.append(origin.classify(text, recent, embedder, estimate_tokens).score)
     return origin.stop_loss(own_m, quote_m, wrong, total)
+
+
+def cache_dir() -> Path:
+    """Where per-machine verdicts live: MFS_CACHE_DIR, else $XDG_CACHE_HOME/mfs_nb, else ~/.cache/mfs_nb."""
+    explicit = os.environ.get("MFS_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mfs_nb"
+
+
+def gate_key(embedder: CachedEmbedder) -> str:
+    """The embedder (id and version) and everything the gate's verdict depends on: the probe, the
+    meaning pairs, the classifier and its thresholds (their source files). Any change runs it again."""
+    from . import __version__
+
+    digest = hashlib.sha256(__version__.encode())
+    package = resources.files("mfs_nb")
+    for name in ("data/gate_probe.json", "embed.py", "origin.py"):
+        digest.update(package.joinpath(name).read_bytes())
+    return f"{embedder.model_id}|{embed.version(embedder.inner)}|{digest.hexdigest()[:16]}"
+
+
+def _read_gate_cache() -> dict[str, Any]:
+    try:
+        data = json.loads((cache_dir() / "gate.json").read_text(encoding="utf-8"))
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def cached_gate(embedder: CachedEmbedder) -> str | None:
+    """The gate's verdict for this embedder: from this process, from this machine's cache, or run
+    now (once) and written to the cache. A cache that cannot be read or written only costs time."""
+    key = gate_key(embedder)
+    with _GATE_LOCK:
+        if key in _GATES:
+            return _GATES[key]
+        stored = _read_gate_cache().get(key)
+        if isinstance(stored, dict) and "problem" in stored:
+            _GATES[key] = stored["problem"]
+            return _GATES[key]
+        problem = gate(embedder)
+        _GATES[key] = problem
+        try:
+            folder = cache_dir()
+            folder.mkdir(parents=True, exist_ok=True)
+            data = _read_gate_cache()
+            data[key] = {"problem": problem}
+            tmp = folder / f"gate.json.{os.getpid()}.{threading.get_ident()}"
+            tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+            os.replace(tmp, folder / "gate.json")
+        except OSError:
+            pass
+        return problem
+
+
+_WARMING: set[str] = set()
+
+
+def warm_gate_in_background(name: str) -> None:
+    """Settle the gate's verdict for `name` in a daemon thread, once per process, so the first
+    compaction does not run it inside a chat turn (a Session started without `%load_ext`)."""
+    with _GATE_LOCK:
+        if name == "off" or name in _WARMING:
+            return
+        _WARMING.add(name)
+
+    def work() -> None:
+        try:
+            warm_gate(name)
+        except Exception:  # the first compaction loads it itself, and says so if it cannot
+            pass
+
+    threading.Thread(target=work, daemon=True, name="mfs-gate").start()
+
+
+def warm_gate(name: str = embed.DEFAULT_MODEL) -> str | None:
+    """Load the embedder of a setting and settle its gate verdict (for a background thread at load)."""
+    inner = embed.load(name)
+    return None if inner is None else cached_gate(CachedEmbedder(inner))
 
 
 class VerbatimTrack:
@@ -106,10 +211,7 @@ class VerbatimTrack:
             return None
         try:
             cached = CachedEmbedder(embed.load(name))  # type: ignore[arg-type]
-            with _GATE_LOCK:
-                if cached.model_id not in _GATES:
-                    _GATES[cached.model_id] = gate(cached)
-                problem = _GATES[cached.model_id]
+            problem = cached_gate(cached)
         except Exception as exc:  # a model that cannot load must not cost the turn
             problem = f"cannot load {name}: {type(exc).__name__}: {exc}"
         if problem:
@@ -135,6 +237,11 @@ class VerbatimTrack:
             if not todo:
                 return 0
             embedder = self.vector_layer()
+            if embedder is not None and len(todo) > 1:
+                try:
+                    prefetch(embedder, [(e.content, _recent(e, events)) for e in todo])
+                except Exception:  # each message is still classified (or made own words) below
+                    pass
             rows, vectors, counts = [], [], {d: 0 for d in origin.DISPOSITIONS}
             for e in todo:
                 verdict = self._classify(e, events, embedder)
@@ -154,8 +261,7 @@ class VerbatimTrack:
 
     def _classify(self, event: Event, events: Sequence[Event], embedder: CachedEmbedder | None) -> Verdict:
         try:
-            recent = [(e.uid, e.content) for e in events
-                      if e.uid < event.uid and e.role == "assistant" and e.content.strip()][-origin.RECENT:]
+            recent = _recent(event, events)
             verdict = origin.classify(event.content, recent, embedder, estimate_tokens)
             if verdict.disposition == origin.DOCUMENT:
                 snap = snapshots.write(self.s.store.root, event.content, "message")
@@ -181,6 +287,12 @@ class VerbatimTrack:
             track = origin.build_track(entries, upto, budget, estimate_tokens)
         self._built = (key, track)
         return track
+
+
+def _recent(event: Event, events: Sequence[Event]) -> list[tuple[int, str]]:
+    """The assistant messages a user message is compared with: the last few before it."""
+    return [(e.uid, e.content) for e in events
+            if e.uid < event.uid and e.role == "assistant" and e.content.strip()][-origin.RECENT:]
 
 
 def _row(uid: int, verdict: Verdict, model: str) -> dict[str, Any]:

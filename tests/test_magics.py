@@ -69,13 +69,15 @@ def test_sessions_new_use_and_config(ip, capsys):
 
 @pytest.mark.parametrize("call, needle", [
     (("cell", "chat", "", "   "), "empty"),
-    (("cell", "chat", "", "x" * 5_000_000), "tokens"),
+    (("cell", "chat", "", "x" * 5_000_000), "--doc PATH"),
+    (("line", "recall", "abc"), "expected a uid"),
+    (("cell", "chat", "--bogus", "hello"), "unrecognized arguments"),
     (("line", "recall", "9-3"), "reversed"),
     (("line", "recall", "500"), "no events"),
     (("line", "mfs", "config window_tokens=lots"), "whole number"),
     (("line", "mfs", "config api_key=sk-123"), "never saved"),
     (("line", "mfs", "config nosuch=1"), "unknown setting"),
-], ids=["empty", "5MB", "reversed", "unknown-uid", "bad-window", "key", "unknown-setting"])
+], ids=["empty", "5MB", "recall-abc", "bad-option", "reversed", "unknown-uid", "bad-window", "key", "unknown-setting"])
 def test_bad_input_is_one_line_on_stderr(ip, capsys, call, needle):
     ip.run_cell_magic("chat", "", "first")
     capsys.readouterr()
@@ -91,12 +93,14 @@ def test_bad_input_is_one_line_on_stderr(ip, capsys, call, needle):
     assert "still usable" in capsys.readouterr().out
 
 
-def test_usage_errors_do_not_raise_out_of_the_cell(ip, capsys):
-    ip.run_cell("%recall abc")
-    ip.run_cell("%mfs frobnicate")
-    ip.run_cell("%%chat --bogus\nhello")
+def test_mistakes_print_one_line_and_do_not_stop_run_all(ip, capsys):
+    for cell in ("%recall abc", "%mfs frobnicate", "%%chat --bogus\nhello", "%%chat\n   ", "%mfs new 'unclosed"):
+        result = ip.run_cell(cell)
+        assert result.success, cell  # Run All goes on
     err = capsys.readouterr().err
-    assert err.count("UsageError") == 3 and "Traceback" not in err
+    lines = err.strip().split("\n")
+    assert len(lines) == 5 and all(line.startswith("mfs: ") for line in lines), err
+    assert "UsageError" not in err and "Traceback" not in err
 
 
 def test_config_traitlets_validate_before_applying(ip, caplog):

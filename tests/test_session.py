@@ -121,11 +121,17 @@ def test_bad_input_is_one_line_and_loses_nothing(store_dir, bad, needle):
     assert [e.content for e in s.events if e.role == "user"] == ["before", "after"]
 
 
-def test_lone_surrogates_are_stored_readably(store_dir):
+def test_lone_surrogates_are_refused_like_undecodable_bytes(store_dir):
     s = Session("sur", store=store_dir, llm=FakeLLM())
-    s.chat("bad \ud800 char")
-    text = Session("sur", store=store_dir).events[0].content
-    assert text.startswith("bad ") and text.endswith(" char") and "\ud800" not in text
+    raw = b"bad \xff\xfe\xfd char"
+    for bad in (raw, raw.decode("utf-8", "surrogateescape")):
+        with pytest.raises(InputError, match="not .*(UTF-8|valid text)") as info:
+            s.chat(bad)
+        assert "\n" not in str(info.value)
+    assert "3 undecodable characters, the first at position 4" in str(info.value)
+    assert s.events == []
+    s.record("tool", "tool output \udcff\udcfe end")  # not typed by the user: one U+FFFD per bad byte
+    assert Session("sur", store=store_dir).events[0].content == "tool output \ufffd\ufffd end"
 
 
 def test_llm_failure_keeps_the_message_and_session_usable(store_dir):

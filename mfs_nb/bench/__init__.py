@@ -9,7 +9,7 @@ regenerated in place. A suite whose data is missing is skipped with a message. A
 
 from __future__ import annotations
 
-from . import clearing, compaction, qa, sidebyside, tokens, verbatim
+from . import clearing, compaction, qa, sidebyside, tokens, ux, verbatim
 
 SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compaction,
-          verbatim.NAME: verbatim, sidebyside.NAME: sidebyside, qa.NAME: qa}
+          verbatim.NAME: verbatim, sidebyside.NAME: sidebyside, ux.NAME: ux, qa.NAME: qa}

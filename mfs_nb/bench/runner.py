@@ -63,7 +63,7 @@ def run(names: list[str], data_dir: str | None, quick: bool, json_out: str | Non
             out.write(f"[{name}] skipped: data not found ({', '.join(missing)}); pass --data DIR\n")
             results["suites"][name] = {"skipped": f"missing data: {', '.join(missing)}"}
             continue
-        assert data is not None
+        assert data is not None or not suite.NEEDS
         started = time.perf_counter()
         given = {k: v for k, v in (options or {}).items() if v is not None} if getattr(suite, "OPT_IN", False) else {}
         result = suite.run(data, quick, **given)

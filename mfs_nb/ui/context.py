@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import html
 from typing import Any
 
-from .data import TOOL_STATES
 from .widget import Widget, esm
 
 
@@ -43,14 +41,6 @@ class ContextView(Widget):
         return "\n".join(lines)
 
     def html(self) -> str:
-        d = self.data
-        rows = "".join(
-            f"<details><summary>{html.escape(x['label'])} · {html.escape(x['span'])} · {x['tokens']:,} tokens"
-            f"{' · degraded' if x['degraded'] else ''}</summary><pre style='white-space:pre-wrap'>"
-            f"{html.escape(x['text'])}</pre></details>" for x in d["layers"])
-        gaps = (f"<div style='color:#c62828'>coverage gap: {html.escape(str(d['gaps'][:20]))}</div>"
-                if d["gaps"] else "")
-        tools = "".join(f"<li>#{t['uid']} {html.escape(t['name'])} → {html.escape(t['state'])}</li>" for t in d["tools"])
-        assert set(t["state"] for t in d["tools"]) <= set(TOOL_STATES)
-        return (f"<div class='mfs-context'><div>{html.escape(d['usage']['line'])}</div>{gaps}{rows}"
-                f"{'<ul>' + tools + '</ul>' if tools else ''}</div>")
+        from .html import context_html
+
+        return context_html(self.data)

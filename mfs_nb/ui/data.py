@@ -45,9 +45,10 @@ def status_html(data: dict[str, Any]) -> str:
     width = min(100.0, data["ratio"] * 100)
     return (
         "<div class='mfs-status' style='font:12px monospace;color:#666'>"
-        f"<span style='display:inline-block;width:80px;height:6px;background:#eee;vertical-align:middle'>"
-        f"<span style='display:block;height:6px;width:{width:.1f}%;background:{html.escape(data['colour'])}'></span></span> "
-        f"{html.escape(data['line'])}{notices}</div>"
+        f"<span class='mfs-meter' style='display:inline-block;width:80px;height:6px;background:#eee;vertical-align:middle'>"
+        f"<span class='mfs-meter-fill' style='display:block;height:6px;width:{width:.1f}%;"
+        f"background:{html.escape(data['colour'])}'></span></span> "
+        f"<span class='mfs-line'>{html.escape(data['line'])}</span>{notices}</div>"
     )
 
 
@@ -76,7 +77,8 @@ def recall_html_from_data(events: Sequence[dict[str, Any]]) -> str:
         calls = "".join(f"<div>→ {html.escape(c['name'])}({html.escape(c['arguments'])})</div>" for c in d["tool_calls"])
         rows.append(f"<details{'' if d['folded'] else ' open'} class='mfs-event'><summary style='font:12px monospace;"
                     f"color:#555'>{html.escape(head)} ({d['chars']:,} chars)</summary>"
-                    f"<pre style='white-space:pre-wrap'>{html.escape(d['content'])}</pre>{calls}</details>")
+                    f"<pre style='white-space:pre-wrap;overflow-wrap:break-word;word-break:normal'>"
+                    f"{html.escape(d['content'])}</pre>{calls}</details>")
     return "<div class='mfs-recall'>" + "".join(rows) + "</div>"
 
 
@@ -118,6 +120,7 @@ def context_data(session: Any) -> dict[str, Any]:
         layers.append({"kind": layer.kind, "label": _label(layer.kind, layer.level, i, n_segments),
                        "uid_from": layer.uid_from, "uid_to": layer.uid_to, "span": span, "tokens": layer.tokens,
                        "level": layer.level, "degraded": layer.degraded, "messages": layer.messages, "text": text})
+    _add_unlisted_tokens(layers, session, usage)
     spans = [(x.uid_from, x.uid_to) for x in session.compactor.segments] + list(session.compactor.evicted)
     gaps = uncovered([e.uid for e in session.events], view.raw_uids(), spans)
     forms = {u: f for u, f in zip(view.uids, view.forms) if u is not None}
@@ -136,7 +139,29 @@ def context_data(session: Any) -> dict[str, Any]:
             tools.append({"uid": e.uid, "name": fn.get("name", ""), "arguments": fn.get("arguments", ""),
                           "result_uid": result.uid if result else None, "state": state,
                           "chars": len(result.content) if result else 0})
-    return {"usage": status_data(usage), "layers": layers, "gaps": gaps, "tools": tools}
+    profile = session.profile()
+    lines = {t: int(getattr(profile, t) * profile.effective) for t in ("warn", "compress", "hard")}
+    return {"usage": status_data(usage), "layers": layers, "gaps": gaps, "tools": tools, "lines": lines}
+
+
+def _add_unlisted_tokens(layers: list[dict[str, Any]], session: Any, usage: Usage) -> None:
+    """One token number: the rows add up to the meter's total. Tool schemas are sent with every
+    call but are not messages; when the provider's count anchors the meter (or the calibration
+    factor scales the estimate), the difference from the layers' estimates is its own row."""
+    schemas = session._tool_schema_tokens()
+    if schemas:
+        names = ", ".join(t.get("function", {}).get("name", "") for t in session._tool_schemas())
+        layers.append({"kind": "tools", "label": "tool schemas", "uid_from": None, "uid_to": None, "span": "static",
+                       "tokens": schemas, "level": None, "degraded": False, "messages": 0,
+                       "text": f"sent with every call, outside the messages: {names}"})
+    rest = usage.tokens - sum(x["tokens"] for x in layers)
+    if rest:
+        why = ("the provider's own count of the last payload (the anchor) differs from the estimate of its layers"
+               if usage.source == "anchor+estimate" else
+               f"the estimate is scaled by the calibration factor k={session.calibration:.2f}")
+        layers.append({"kind": "measured", "label": "provider count", "uid_from": None, "uid_to": None,
+                       "span": "static", "tokens": rest, "level": None, "degraded": False, "messages": 0,
+                       "text": f"{rest:+,} tokens: {why}"})
 
 
 # -- the ledger ----------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import html
 import json
 
 from .widget import Widget, esm
@@ -18,8 +17,6 @@ class LedgerView(Widget):
         return "\n".join(json.dumps(r, ensure_ascii=False) for r in rows)
 
     def html(self) -> str:
-        cols = self.data["columns"]
-        head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(r.get(c, '')))}</td>" for c in cols) + "</tr>"
-                       for r in self.data["rows"])
-        return f"<table class='mfs-ledger'><tr>{head}</tr>{body}</table>"
+        from .html import ledger_html
+
+        return ledger_html(self.data)

@@ -1,5 +1,5 @@
-// Runs the quickstart notebook in a real JupyterLab page (Debian chromium, headless) and reports
-// what the mfs_nb widgets rendered. Usage: node browser.mjs LAB_URL TOKEN NOTEBOOK SHOT_DIR
+// Runs the quickstart notebook in a real JupyterLab page (Debian chromium, headless), reports what
+// the mfs_nb outputs rendered, then saves, stops the kernel, reloads and reports them again. Usage: node browser.mjs LAB_URL TOKEN NOTEBOOK SHOT_DIR
 import { chromium } from "playwright-core";
 import { mkdirSync } from "node:fs";
 
@@ -20,17 +20,30 @@ try {
   // the kernel must be up before "Run All Cells" is worth clicking
   await page.waitForFunction(() => /Idle/.test(document.body.innerText), null, { timeout: 120000 });
   await page.waitForTimeout(1000);
+  // JupyterLab asks once whether to fetch news; answer so the toast does not cover the outputs
+  await page.getByRole("button", { name: "No", exact: true }).click({ timeout: 5000 }).catch(() => {});
   await page.locator(".lm-MenuBar-itemLabel", { hasText: /^Run$/ }).click();
   await page.locator(".lm-Menu-itemLabel", { hasText: /^Run All Cells$/ }).click();
   for (const sel of [".mfs-status", ".mfs-recall", ".mfs-context", ".mfs-ledger"]) {
     await page.waitForSelector(sel, { timeout: 180000, state: "attached" });
   }
   await page.waitForFunction(() => document.querySelectorAll(".mfs-ledger table").length > 0, null, { timeout: 60000 });
-  result.meter = await page.locator(".mfs-status .mfs-line").first().textContent();
-  result.meterFill = await page.locator(".mfs-status .mfs-meter-fill").first().getAttribute("style");
-  result.recall = await page.locator(".mfs-recall").first().innerText();
-  result.layers = await page.locator(".mfs-context details.mfs-layer > summary").allInnerTexts();
-  result.bar = await page.locator(".mfs-context .mfs-bar-part").count();
+  const read = async () => {
+    const r = {};
+    r.meter = await page.locator(".mfs-status .mfs-line").first().textContent();
+    r.meterFill = await page.locator(".mfs-status .mfs-meter-fill").first().getAttribute("style");
+    r.recall = await page.locator(".mfs-recall").first().innerText();
+    r.layers = await page.locator(".mfs-context details.mfs-layer > summary").allInnerTexts();
+    r.bar = await page.locator(".mfs-context .mfs-bar-part").count();
+    r.contextText = await page.locator(".mfs-context").first().innerText();
+    r.ledgerRows = await page.locator(".mfs-ledger table tr").count();
+    r.ledgerText = await page.locator(".mfs-ledger").first().innerText();
+    r.mfsOutputs = await page.locator(".mfs-status, .mfs-recall, .mfs-context, .mfs-ledger").count();
+    r.widgetErrors = await page.evaluate(() => (document.body.innerText.match(/Error displaying widget/g) || []).length);
+    r.ledgerFits = await page.locator(".mfs-ledger").first().evaluate((el) => el.scrollWidth <= el.clientWidth + 1);
+    return r;
+  };
+  Object.assign(result, await read());
   // open the first segment layer and read its exact text
   const seg = page.locator(".mfs-context details.mfs-layer", { hasText: "L0 segment" }).first();
   await seg.locator("summary").click();
@@ -38,8 +51,6 @@ try {
   result.segmentText = await seg.locator("pre").innerText();
   result.rawText = await page.locator(".mfs-context details.mfs-layer", { hasText: "raw tail" }).first().locator("pre").textContent();
   result.injected = await page.evaluate(() => document.querySelectorAll(".jp-OutputArea script, .jp-OutputArea img[onerror]").length);
-  result.ledgerRows = await page.locator(".mfs-ledger table tr").count();
-  result.ledgerText = await page.locator(".mfs-ledger").first().innerText();
   const shot = async (sel, name) => {
     const el = page.locator(sel).first();
     await el.scrollIntoViewIfNeeded();
@@ -49,9 +60,28 @@ try {
   await shot(".mfs-context", "context");
   await shot(".mfs-recall", "recall");
   await shot(".mfs-ledger", "ledger");
-  // the tool-trajectory tab
-  await page.locator(".mfs-context .mfs-tab", { hasText: "tool trajectory" }).first().click();
-  result.toolsTab = await page.locator(".mfs-context").first().innerText();
+  // save, stop the kernel, reload: what a person sees reopening the notebook later
+  await page.locator(".jp-Notebook").first().click();
+  await page.keyboard.press("Control+s");
+  // wait for JupyterLab to say the save is done; reading the file while the server writes it would
+  // race its atomic write (the server then restores the previous file as "….invalid")
+  await page.waitForFunction(() => /Saving completed/.test(document.body.innerText)
+    && !document.querySelector(".lm-TabBar-tab.jp-mod-dirty"), null, { timeout: 60000 });
+  await page.waitForTimeout(1500);
+  const saved = await page.evaluate(async ([u, t, n]) => {
+    const nb = await (await fetch(`${u}/api/contents/${n}?token=${t}`)).json();
+    return JSON.stringify(nb.content).includes("mfs-ledger");
+  }, [url, token, notebook]);
+  if (!saved) throw new Error("the saved notebook has no mfs outputs");
+  await page.evaluate(async ([u, t]) => {
+    const sessions = await (await fetch(`${u}/api/sessions?token=${t}`)).json();
+    for (const s of sessions) await fetch(`${u}/api/sessions/${s.id}?token=${t}`, { method: "DELETE" });
+  }, [url, token]);
+  await page.reload({ waitUntil: "domcontentloaded", timeout: 120000 });
+  await page.waitForSelector(".jp-Notebook .jp-Cell", { timeout: 120000 });
+  await page.waitForSelector(".mfs-ledger table", { timeout: 120000, state: "attached" });
+  await page.waitForTimeout(3000); // a widget view would have failed by now ("model not found")
+  result.reopened = await read();
 } catch (e) {
   result.errors.push(String(e && e.stack || e));
   try { await browser.contexts()[0].pages()[0].screenshot({ path: `${process.env.MFS_FAILSHOT || "/tmp"}/failure.png`, fullPage: true }); } catch {}
