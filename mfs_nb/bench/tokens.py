@@ -128,7 +128,7 @@ def _pressure(data: Data, quick: bool, window: int) -> dict[str, Any]:
         for user, _ in turns:
             session.chat(user)
         k = session.calibration
-        compactions = len(session.segments)
+        compactions = sum(r.get("kind") == "compaction" for r in session.ledger())
     rest = errors[1:]
     return {"window": window, "turns": len(turns), "calls": len(errors), "compactions": compactions,
             "mean_abs_error": statistics.fmean(abs(e) for e in rest), "max_abs_error": max(abs(e) for e in rest),
