@@ -37,7 +37,8 @@ Matching (`score`):
 3. **in context**: an atom counts only where a word that stood within `WINDOW` words of it in the
    original also stands within `WINDOW` words of it in the payload, and that word is specific —
    it stood beside at most `SPECIFIC` of the facts (so a fixed filler of common context words
-   cannot vouch for every atom). Words are lowercased and lightly stemmed; CJK text counts in
+   cannot vouch for every atom), and the payload does not put it beside many more facts than the
+   conversation did. Words are lowercased and lightly stemmed; CJK text counts in
    character bigrams; stop words and every word that is part of an atom never count, so a bag
    of atoms cannot supply its own context. A fact with no specific word beside it anywhere in
    the conversation (a path read by a bare ``Read`` call, say) cannot be judged in context and is
@@ -441,7 +442,7 @@ class FactSet:
     common: tuple[str, ...]  # context words too common to vouch for a fact, most common first
     texts: list[str]
     no_context: dict[Atom, Fact] = field(default_factory=dict)  # facts with no specific word beside them
-    df: Counter[str] = field(default_factory=Counter)  # how many facts each context word stood beside
+    df: Counter[str] = field(default_factory=Counter)  # how many facts each word stands beside in the history
 
     def older(self, cut: int) -> list[Fact]:
         """Facts stated before message index `cut` and not restated after it — neither as an atom
@@ -488,7 +489,13 @@ def fact_set(messages: Sequence[dict[str, Any]], upto: int | None = None) -> Fac
         f.context -= set(common)
     no_context = {a: f for a, f in facts.items() if not f.context}
     measured = {a: f for a, f in facts.items() if f.context}
-    return FactSet(measured, excluded, common, texts, no_context, df)
+    fs = FactSet(measured, excluded, common, texts, no_context)
+    # How many facts each word stands beside in the history itself, counted exactly as `score`
+    # counts it in a payload: the verbatim history is the reference a payload is held to.
+    history = Payload.from_text("\n".join(texts), fs)
+    for f in measured.values():
+        fs.df.update(set().union(*history.contexts(f.atom.key)))
+    return fs
 
 
 def older_cut(counts: Sequence[int], upto: int, share: float = 2 / 3) -> int:
@@ -598,13 +605,15 @@ def score(facts: Sequence[Fact], payload: Payload) -> Score:
     """How many of `facts` the payload keeps in context (and how many are merely present).
 
     A word vouches for a fact only where it stands beside the fact's atom and — over the whole
-    payload — beside no more distinct facts than twice as many as it stood beside in the whole
-    conversation (at least 2): a word spread over every atom is filler, not context."""
+    payload, counting every fact of the conversation — beside hardly more facts than it stood
+    beside in the conversation itself (at most 1.5 times as many, or 2 more): a word spread over
+    every atom is filler, not context."""
     beside: dict[str, set[Atom]] = {}
-    found: list[tuple[Fact, list[set[str]]]] = []
-    for f in facts:
-        contexts = payload.contexts(f.atom.key)
-        found.append((f, contexts))
+    contexts_of: dict[Atom, list[set[str]]] = {}
+    for f in (*payload.facts.facts.values(), *facts):
+        if f.atom in contexts_of:
+            continue
+        contexts_of[f.atom] = contexts = payload.contexts(f.atom.key)
         for units in contexts:
             for u in units:
                 beside.setdefault(u, set()).add(f.atom)
@@ -612,8 +621,10 @@ def score(facts: Sequence[Fact], payload: Payload) -> Score:
     by_source: dict[str, list[int]] = {}
     by_kind: dict[str, list[int]] = {}
     kept = present = 0
-    for f, contexts in found:
-        ok = any(u in f.context and len(beside[u]) <= max(2, 2 * df.get(u, 0)) for units in contexts for u in units)
+    for f in facts:
+        contexts = contexts_of[f.atom]
+        ok = any(u in f.context and len(beside[u]) <= max(df.get(u, 0) + 2, 1.5 * df.get(u, 0))
+                 for units in contexts for u in units)
         present += bool(contexts)
         kept += ok
         for table, name in ((by_source, f.source), (by_kind, f.atom.kind)):
