@@ -54,6 +54,13 @@ class CachedEmbedder:
                 self._vectors.update((t, known[t]) for t in need)
         return np.stack([known[t] for t in texts])
 
+    def preload(self, pairs: list[tuple[str, list[float]]]) -> int:
+        """Vectors already stored for these texts (by the recall index): not embedded again."""
+        with self._lock:
+            new = [(t, np.asarray(v, dtype=np.float32)) for t, v in pairs if t not in self._vectors]
+            self._vectors.update(new)
+        return len(new)
+
 
 def gate_probe() -> list[dict[str, Any]]:
     """The small labelled probe shipped with the package (own replies vs copies, EN and ZH)."""
@@ -135,6 +142,8 @@ class VerbatimTrack:
             if not todo:
                 return 0
             embedder = self.vector_layer()
+            if embedder is not None:
+                self._preload(embedder, todo, events)
             rows, vectors, counts = [], [], {d: 0 for d in origin.DISPOSITIONS}
             for e in todo:
                 verdict = self._classify(e, events, embedder)
@@ -151,6 +160,27 @@ class VerbatimTrack:
                     pass
             self.s._log("origin", upto=upto, **{k.replace("+", "_"): v for k, v in counts.items() if v})
             return len(todo)
+
+    def _preload(self, embedder: CachedEmbedder, todo: Sequence[Event], events: Sequence[Event]) -> None:
+        """Hand the classifier the vectors the recall index already stored for these messages and the
+        assistant replies before them, so a text is embedded once (the index writes it first)."""
+        from .index import event_text
+        from .search import chunks
+
+        first = todo[0].uid
+        wanted = [e for e in events if e.role == "assistant" and e.uid < first][-origin.RECENT:]
+        wanted += [e for e in events if e.role in ("user", "assistant") and first <= e.uid <= todo[-1].uid]
+        try:
+            stored = self.s.store.stored_vectors(embedder.model_id, self.s.name, [e.uid for e in wanted])
+        except Exception:  # the index is derived data; without it the classifier embeds as before
+            return
+        pairs = []
+        for e in wanted:
+            if e.uid in stored:
+                head = chunks(event_text(e))
+                if head:
+                    pairs.append((head[0], stored[e.uid]))
+        embedder.preload(pairs)
 
     def _classify(self, event: Event, events: Sequence[Event], embedder: CachedEmbedder | None) -> Verdict:
         try:

@@ -8,7 +8,8 @@ regenerated in place. A suite whose data is missing is skipped with a message.
 
 from __future__ import annotations
 
-from . import clearing, compaction, sidebyside, tokens, verbatim
+from . import clearing, compaction, recall, sidebyside, tokens, verbatim
 
 SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compaction,
-          verbatim.NAME: verbatim, sidebyside.NAME: sidebyside}
+          verbatim.NAME: verbatim, sidebyside.NAME: sidebyside,
+          recall.NAME: recall}
