@@ -13,7 +13,9 @@ vectors have not reached yet are still found by full text, and the results say s
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
     from .segments import Segment
     from .session import Session
 
-BATCH = 16  # texts per embedding call: small, so the model lock is released often
+BATCH = 8  # texts per embedding call: small, so a turn that starts never waits behind a long batch
 OPTIMIZE_EVERY = 2_000  # text rows between index optimisations
 CANDIDATES = 50  # rows each method contributes to the fusion
 
@@ -43,8 +45,28 @@ def event_text(e: Event) -> str:
     return text.strip()
 
 
-def rows_for_event(e: Event) -> list[dict[str, Any]]:
-    return [_row(e.session, "event", e.uid, e.uid, e.turn, e.role, i, c) for i, c in enumerate(S.chunks(event_text(e)))]
+def rows_for_event(e: Event, before: Event | None = None) -> list[dict[str, Any]]:
+    """The index rows of one event. The first chunk is embedded together with the end of the event
+    before it (`words`), so an answer is also found by the meaning of the question it answers; the
+    word index reads the chunk alone, so a short reply is not found by its predecessor's words."""
+    context = S.context_tail(event_text(before)) if before is not None else ""
+    return [_row(e.session, "event", e.uid, e.uid, e.turn, e.role, i, c, context if i == 0 else "")
+            for i, c in enumerate(S.chunks(event_text(e)))]
+
+
+def rows_for_events(events: Sequence[Event], previous: Event | None = None) -> list[dict[str, Any]]:
+    rows = []
+    for e in events:
+        rows += rows_for_event(e, previous)
+        previous = e
+    return rows
+
+
+def plain_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For a user message indexed with context, one more vector row of its own words alone
+    (chunk -1): the user-verbatim track's classifier reads it instead of embedding the text again."""
+    return [{**r, "key": r["key"][:-4] + "plain", "chunk": -1, "words": r["text"]} for r in rows
+            if r["role"] == "user" and r["chunk"] == 0 and r["words"] != r["text"]]
 
 
 def rows_for_segment(session: str, seg: Segment, turn: int) -> list[dict[str, Any]]:
@@ -52,11 +74,12 @@ def rows_for_segment(session: str, seg: Segment, turn: int) -> list[dict[str, An
             for i, c in enumerate(S.chunks(seg.prose))]
 
 
-def _row(session: str, kind: str, uid: int, uid_to: int, turn: int, role: str, chunk: int, text: str
-         ) -> dict[str, Any]:
+def _row(session: str, kind: str, uid: int, uid_to: int, turn: int, role: str, chunk: int, text: str,
+         context: str = "") -> dict[str, Any]:
+    words = f"{context}\n{text}" if context else text
     return {"key": f"{session}\x1f{kind}\x1f{uid:012d}\x1f{chunk:04d}", "session": session, "kind": kind, "uid": uid,
-            "uid_to": uid_to, "turn": turn, "role": role, "chunk": chunk, "text": text, "cjk": S.cjk_text(text),
-            "created_at": now_iso()}
+            "uid_to": uid_to, "turn": turn, "role": role, "chunk": chunk, "text": text, "words": words,
+            "cjk": S.cjk_text(text), "created_at": now_iso()}
 
 
 class Indexer:
@@ -89,6 +112,7 @@ class Indexer:
             self._thread.start()
 
     def _loop(self) -> None:
+        _lower_priority()  # the embedder's threads start from this one and inherit it
         while not self._stop:
             if not self._wake.wait(timeout=30):
                 return  # idle long enough: the thread ends; the next write starts another
@@ -116,9 +140,10 @@ class Indexer:
             return None
         return self.s.verbatim.vector_layer()
 
-    def catch_up(self, progress: Any = None) -> dict[str, int]:
-        """Index everything not indexed yet: text rows first (cheap), then vectors in batches.
-        Returns counts; `progress(done, total)` is called between batches when given."""
+    def catch_up(self, progress: Any = None, vectors: bool = True) -> dict[str, int]:
+        """Index everything not indexed yet: text rows first (cheap), then vectors in batches
+        (unless `vectors` is False). Returns counts; `progress(done, total)` is called between
+        batches when given (re-indexing after a change of embedder shows it this way)."""
         with self._run_lock:
             store, name = self.s.store, self.s.name
             events = list(self.s._events)
@@ -127,7 +152,8 @@ class Indexer:
             text_upto, text_seg = store.recall_state(name, "")
             new_events = [e for e in events if e.uid > text_upto]
             new_segs = [x for x in segments if x.id > text_seg]
-            rows = [r for e in new_events for r in rows_for_event(e)]
+            before = next((e for e in reversed(events) if e.uid <= text_upto), None)
+            rows = rows_for_events(new_events, before)
             rows += [r for x in new_segs for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
             if rows:
                 store.index_text(rows)
@@ -136,7 +162,7 @@ class Indexer:
                                         max([text_seg] + [x.id for x in new_segs]))
             self._rows_since_optimize += len(rows)
             done = {"text_rows": len(rows), "vector_rows": 0}
-            embedder = self.model()
+            embedder = self.model() if vectors else None
             if embedder is not None:
                 done["vector_rows"] = self._vectors(embedder, events, segments, turns, progress)
             if self._rows_since_optimize >= OPTIMIZE_EVERY:
@@ -150,13 +176,16 @@ class Indexer:
                  turns: dict[int, int], progress: Any) -> int:
         store, name, model_id = self.s.store, self.s.name, embedder.model_id
         upto, seg_upto = store.recall_state(name, model_id)
-        todo = [r for e in events if e.uid > upto for r in rows_for_event(e)]
+        todo = rows_for_events([e for e in events if e.uid > upto],
+                               next((e for e in reversed(events) if e.uid <= upto), None))
+        todo = sorted(todo + plain_rows(todo), key=lambda r: (r["uid"], r["chunk"] < 0))
         todo += [r for x in segments if x.id > seg_upto for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
         written = 0
         for i in range(0, len(todo), BATCH):
+            self._yield_to_turn()
             batch = todo[i:i + BATCH]
             try:
-                vectors = np.asarray(embedder([r["text"] for r in batch]), dtype=np.float32)
+                vectors = np.asarray(embedder([r["words"] for r in batch]), dtype=np.float32)
                 if not np.all(np.isfinite(vectors)):
                     raise ValueError("the embedder returned NaN or infinity")
             except Exception as exc:
@@ -183,6 +212,17 @@ class Indexer:
             if progress is not None:
                 progress(i + len(batch), len(todo))
         return written
+
+    def _yield_to_turn(self, limit_s: float = 60.0) -> None:
+        """Wait while the session is busy (a turn holds its lock): embedding competes for the same cores."""
+        if threading.current_thread() is not self._thread:
+            return
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end and not self._stop:
+            if self.s._lock.acquire(blocking=False):
+                self.s._lock.release()
+                return
+            time.sleep(0.05)
 
     def _note(self, text: str) -> None:
         if text not in self.notices:
@@ -215,63 +255,98 @@ class Indexer:
             self.kick(force=True)
             notices.append(f"the index covers uids up to {progress['text_upto']} of {self.s.last_uid}; "
                            "indexing continues in the background")
-        ranked: dict[str, list[str]] = {}
-        rows: dict[str, dict[str, Any]] = {}
+        roles = [role] if isinstance(role, str) else list(role or [])
+        info: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, uid) -> its best row
+        ranked: dict[str, list[tuple[str, int]]] = {}
         if "fts" in methods:
-            ranked["fts"] = self._fts(query, where, rows)
+            rows = self._fts(query, where)
+            complete = len(rows) < CANDIDATES  # every match came back: what did not scores nothing
+            ranked["fts"] = self._ranking(rows, info, roles, uid_from, uid_to, 0.0 if complete else None)
         if "vector" in methods:
             embedder = self.model()
             if embedder is None:
                 why = self.failed or self.s.verbatim.off_reason or "no embedder"
                 notices.append(f"full-text search only: vectors are unavailable ({why})")
             else:
-                vec = self._vector(embedder, query, where, rows)
-                if vec is not None:
-                    ranked["vector"] = vec
+                found = self._vector(embedder, query, where)
+                if found is not None:
+                    ranked["vector"] = self._ranking(found, info, roles, uid_from, uid_to)
                     if progress["vectors_upto"] < self.s.last_uid:
                         notices.append(f"vectors cover uids up to {progress['vectors_upto']} of {self.s.last_uid}; "
                                        "newer events are found by full text while vectors catch up")
         notices += self.notices
-        fused = S.fuse(list(ranked.values()))
-        texts = self.s.store.index_texts([key for key, _ in fused[:k * 3] if not rows[key].get("text")])
+        names = list(ranked)
+        fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names], weights=[S.WEIGHTS[m] for m in names])
+        seg_texts = self.s.store.index_texts([info[(kd, u)]["key"] for kd, u in
+                                              (_item(x) for x, _ in fused[:k]) if kd == "segment"])
         hits: list[Hit] = []
-        seen: set[tuple[str, int]] = set()
-        for key, score in fused:
-            r = rows[key]
-            ident = (r["kind"], int(r["uid"]))
-            if ident in seen:  # one hit per event (its best chunk)
+        for key, score in fused[:k]:
+            kind, uid = _item(key)
+            via = tuple(m for m in names if (kind, uid) in ranked[m])
+            if kind == "segment":
+                r = info[(kind, uid)]
+                text = r.get("text") or seg_texts.get(r["key"], "")
+                hits.append(Hit(uid, "segment", int(r["turn"]), round(score, 5), S.snippet(text, query), kind,
+                                int(r["uid_to"]), via, self._around(uid, neighbours)))
                 continue
-            seen.add(ident)
-            via = tuple(m for m, lst in ranked.items() if key in lst)
-            text = r.get("text") or texts.get(key, "")
-            hits.append(Hit(int(r["uid"]), r["role"], int(r["turn"]), round(score, 5), S.snippet(text, query),
-                            r["kind"], int(r["uid_to"]), via, self._around(int(r["uid"]), neighbours)))
-            if len(hits) == k:
-                break
-        return Results(hits, notices, tuple(ranked))
+            e = self._event(uid)
+            if e is None:
+                continue
+            hits.append(Hit(uid, e.role, e.turn, round(score, 5), S.snippet(event_text(e), query), kind, uid, via,
+                            self._around(uid, neighbours)))
+        return Results(hits, notices, tuple(names))
 
-    def _fts(self, query: str, where: str, rows: dict[str, dict[str, Any]]) -> list[str]:
-        """One full-text ranking: the word column for Latin words, the n-gram column for CJK runs."""
-        out = []
+    def _event(self, uid: int) -> Event | None:
+        """The event with this uid, from the session's log in memory (uids are dense from 1)."""
+        events = self.s._events
+        if 0 < uid <= len(events) and events[uid - 1].uid == uid:
+            return events[uid - 1]
+        return next((e for e in events if e.uid == uid), None)
+
+    def _ranking(self, rows: list[tuple[dict[str, Any], float]], info: dict[tuple[str, int], dict[str, Any]],
+                 roles: list[str], uid_from: int | None, uid_to: int | None, floor: float | None = None
+                 ) -> list[tuple[str, int]]:
+        """One method's rows (row, score; higher is better) as a ranking of (kind, uid): the best chunk
+        per item, events smoothed with their neighbours (search.smooth), segments as they scored."""
+        best: dict[tuple[str, int], float] = {}
+        for r, score in rows:
+            item = (r["kind"], int(r["uid"]))
+            if score > best.get(item, float("-inf")):
+                best[item] = score
+                info.setdefault(item, r)
+        if not best:
+            return []
+        floor = min(best.values()) if floor is None else floor
+        events = S.smooth({u: sc for (kd, u), sc in best.items() if kd == "event"}, floor=floor)
+        merged = [(("event", u), sc) for u, sc in events if self._admits(u, roles, uid_from, uid_to)]
+        merged += [((kd, u), sc - floor) for (kd, u), sc in best.items() if kd == "segment"]
+        merged.sort(key=lambda x: (-x[1], x[0][1]))
+        return [item for item, _ in merged[:CANDIDATES]]
+
+    def _admits(self, uid: int, roles: list[str], uid_from: int | None, uid_to: int | None) -> bool:
+        """A neighbour brought in by smoothing obeys the same filters as the search."""
+        e = self._event(uid)
+        return (e is not None and (not roles or e.role in roles) and (uid_from is None or uid >= uid_from)
+                and (uid_to is None or uid <= uid_to))
+
+    def _fts(self, query: str, where: str) -> list[tuple[dict[str, Any], float]]:
+        """Full-text rows: the word column for Latin words, the n-gram column for CJK runs (a mixed
+        query adds both scores)."""
+        out: list[tuple[dict[str, Any], float]] = []
         latin, cjk = S.fts_query(S.latin_text(query)), S.cjk_text(query)
         for text, is_cjk in ((latin, False), (cjk, True)):
             if text:
-                found = self.s.store.search_text(where, text, is_cjk, CANDIDATES)
-                for r in found:
-                    rows.setdefault(r["key"], r)
-                out.append([r["key"] for r in found])
-        return out[0] if len(out) == 1 else [key for key, _ in S.fuse(out)]
+                out += [(r, float(r["_score"])) for r in self.s.store.search_text(where, text, is_cjk, CANDIDATES)]
+        return out
 
-    def _vector(self, embedder: Any, query: str, where: str, rows: dict[str, dict[str, Any]]) -> list[str] | None:
+    def _vector(self, embedder: Any, query: str, where: str) -> list[tuple[dict[str, Any], float]] | None:
         try:
             vector = self.query_vector(embedder, query)
         except Exception as exc:
             self._note(f"the embedder failed on the query ({type(exc).__name__}); full-text results only")
             return None
         found = self.s.store.search_vectors(embedder.model_id, where, vector.tolist(), CANDIDATES)
-        for r in found:
-            rows.setdefault(r["key"], r)
-        return [r["key"] for r in found]
+        return [(r, 1.0 - float(r["_distance"])) for r in found]
 
     def query_vector(self, embedder: Any, query: str) -> np.ndarray:
         """The query's vector (e5 queries take their own prefix); the last few hundred are kept."""
@@ -292,3 +367,15 @@ class Indexer:
         return tuple({"uid": e.uid, "role": e.role, "turn": e.turn, "content": e.content}
                      for e in events if lo <= e.uid <= hi)
 
+
+def _lower_priority() -> None:
+    """Run this thread (and the threads it starts) at the lowest CPU priority, where the OS allows."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: per thread
+    except (AttributeError, OSError):
+        pass
+
+
+def _item(key: str) -> tuple[str, int]:
+    kind, _, uid = key.partition(":")
+    return kind, int(uid)

@@ -211,7 +211,11 @@ class MfsMagics(Magics, Configurable):
     # -- %recall -------------------------------------------------------------------------
     @line_magic
     def recall(self, line: str) -> None:
-        """Show the original messages of a uid range, verbatim: %recall 102-140 (or 102 140, or 102)."""
+        """Show the original messages of a uid range, verbatim: %recall 102-140 (or 102 140, or 102).
+        Quoted text searches the session instead: %recall "pool size" [--k 10]."""
+        if line.strip()[:1] in ("'", '"'):
+            self._recall_search(line)
+            return
         a, b = parse_uid_range(line)
         try:
             events = self.get_session().recall(a, b)
@@ -226,6 +230,35 @@ class MfsMagics(Magics, Configurable):
             display(RecallView(data=recall_data(events)))
         else:
             display(Rich(recall_text(events), recall_html(events)))
+
+    def _recall_search(self, line: str) -> None:
+        from .ui.data import recall_data
+        from .ui.recall import RecallView, search_data
+
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"%recall: {exc}; quote the text like %recall \"pool size\"") from None
+        k: Any = 10
+        if len(words) == 3 and words[1] == "--k":
+            k = words[2]
+        elif len(words) != 1:
+            raise UsageError('%recall: quote the whole text, e.g. %recall "pool size" (optionally --k 5)')
+        session = self.get_session()
+
+        def search(query: Any) -> dict[str, Any]:
+            return {**search_data(session.search(query, k)), "query": query}
+
+        try:
+            data = search(words[0])
+        except MfsError as exc:
+            _error(exc)
+            return
+        view = RecallView(data=data, search=search, recall=lambda uid: recall_data(session.recall(uid))["events"])
+        if _has_frontend(self.shell):
+            display(view)
+        else:
+            print(view.text())
 
     # -- %context ------------------------------------------------------------------------
     @line_magic

@@ -24,8 +24,14 @@ from typing import Any
 from .errors import InputError
 
 CHUNK_CHARS = 600  # what the embedder reads of one text (embed.MAX_CHARS)
+CONTEXT_CHARS = 300  # the end of the event before, indexed with an event's words
 MAX_CHUNKS = 32  # rows per event; the rest of a huge result is still in the log, by uid
-RRF_K = 60
+# Fusion and smoothing constants, chosen on the LoCoMo evidence benchmark (`mfs-nb bench recall`):
+# a small k lets each method's top ranks count (a search answers with ten hits, not a hundred);
+# a hit's neighbour adds half its (floored) score.
+RRF_K = 10
+WEIGHTS = {"fts": 1.0, "vector": 1.0}
+NEIGHBOUR_SHARE = 0.5
 MAX_QUERY_CHARS = 2_000
 MAX_K = 100
 SNIPPET_CHARS = 240
@@ -143,19 +149,56 @@ def latin_text(text: str) -> str:
     return " ".join(_CJK.sub(" ", text).split())
 
 
+def context_tail(text: str, chars: int = CONTEXT_CHARS) -> str:
+    """The last `chars` characters of a text, starting at a word."""
+    text = " ".join(text.split())
+    if len(text) <= chars:
+        return text
+    cut = text[-chars:]
+    return cut[cut.find(" ") + 1:] if " " in cut else cut
+
+
+# Question words and other function words a full-text query gains nothing from.
+_QUERY_WORDS = """a an and are as at be by did do does for from had has have he her his how i in is it its
+me my of on or she that the their them they this to was we were what when where which who whom why will with
+would could should you your about"""
+_QUERY_STOP = frozenset(_QUERY_WORDS.split())
+
+
 def fts_query(text: str) -> str:
-    """Words only: punctuation means query syntax to a full-text engine, and a user means none."""
-    return " ".join(re.findall(r"\w+", text))[:MAX_QUERY_CHARS]
+    """Words only (punctuation means query syntax to a full-text engine, and a user means none),
+    without question and function words unless nothing else is left."""
+    words = re.findall(r"\w+", text)
+    content = [w for w in words if w.lower() not in _QUERY_STOP]
+    return " ".join(content or words)[:MAX_QUERY_CHARS]
 
 
-def fuse(ranked: Sequence[Sequence[str]], k: int = RRF_K) -> list[tuple[str, float]]:
-    """Reciprocal-rank fusion: each list votes 1/(k + rank) for its keys; ties by first seen."""
+def fuse(ranked: Sequence[Sequence[str]], k: int = RRF_K, weights: Sequence[float] | None = None
+         ) -> list[tuple[str, float]]:
+    """Reciprocal-rank fusion: list i votes weights[i]/(k + rank) for its keys; ties by first seen."""
     score: dict[str, float] = {}
-    for lst in ranked:
+    for i, lst in enumerate(ranked):
+        w = 1.0 if weights is None else weights[i]
         for rank, key in enumerate(lst):
-            score[key] = score.get(key, 0.0) + 1.0 / (k + rank + 1)
+            score[key] = score.get(key, 0.0) + w / (k + rank + 1)
     order = {key: i for i, key in enumerate(dict.fromkeys(x for lst in ranked for x in lst))}
     return sorted(score.items(), key=lambda kv: (-kv[1], order[kv[0]]))
+
+
+def smooth(scores: dict[int, float], share: float = NEIGHBOUR_SHARE, floor: float | None = None
+           ) -> list[tuple[int, float]]:
+    """Candidates (uid -> score, higher is better) re-ranked with their neighbours: each score,
+    less the lowest candidate's, plus `share` of the better of uid-1 and uid+1. The neighbours of a
+    candidate join the ranking too: an answer often sits right after the turn that matched.
+    Only the candidates are known, so this needs no scan of the log; `floor` is the score of what
+    was not returned (default: the lowest candidate's)."""
+    if not scores:
+        return []
+    floor = min(scores.values()) if floor is None else floor
+    base = {u: s - floor for u, s in scores.items()}
+    pool = set(base) | {u + d for u in base for d in (-1, 1) if u + d > 0}
+    out = {u: base.get(u, 0.0) + share * max(base.get(u - 1, 0.0), base.get(u + 1, 0.0)) for u in pool}
+    return sorted(out.items(), key=lambda kv: (-kv[1], kv[0]))
 
 
 def snippet(text: str, query: str, width: int = SNIPPET_CHARS) -> str:

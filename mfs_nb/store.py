@@ -505,14 +505,20 @@ class Store:
         return {r["key"]: r["text"] for r in rows}
 
     def stored_vectors(self, model_id: str, session: str, uids: list[int]) -> dict[int, list[float]]:
-        """First-chunk vectors of events, as the index stored them (the origin classifier reads these)."""
+        """Vectors of events' own words (no context before them), as the index stored them: the
+        first chunk of an event that starts a session, else its plain row (chunk -1, user messages).
+        The origin classifier reads these instead of embedding the text again."""
         table = self._recall_vectors(model_id) if uids else None
         if table is None:
             return {}
-        where = (f"session = {_quote(session)} AND kind = 'event' AND chunk = 0 AND "
+        where = (f"session = {_quote(session)} AND kind = 'event' AND chunk IN (-1, 0) AND "
                  f"uid IN ({', '.join(str(int(u)) for u in uids)})")
-        rows = table.search().where(where).select(["uid", "vector"]).limit(len(uids)).to_list()
-        return {int(r["uid"]): list(r["vector"]) for r in rows}
+        rows = table.search().where(where).select(["uid", "chunk", "vector"]).limit(2 * len(uids)).to_list()
+        out: dict[int, list[float]] = {}
+        for r in sorted(rows, key=lambda r: -int(r["chunk"])):  # a plain row wins over a chunk with context
+            if int(r["chunk"]) == -1 or int(r["uid"]) == 1:
+                out.setdefault(int(r["uid"]), list(r["vector"]))
+        return out
 
     def optimize_recall(self, model_id: str | None) -> dict[str, Any]:
         """Fold new rows into the indexes; build the ANN index once the vectors table is big enough.
@@ -561,8 +567,9 @@ RECALL_TEXT_SCHEMA = pa.schema(
         ("turn", pa.int64()),
         ("role", pa.string()),  # user | assistant | tool | segment
         ("chunk", pa.int64()),
-        ("text", pa.large_string()),
-        ("cjk", pa.large_string()),
+        ("text", pa.large_string()),  # the chunk itself: the word index reads it, snippets show it
+        ("words", pa.large_string()),  # what the embedder reads: the end of the event before, then the chunk
+        ("cjk", pa.large_string()),  # the CJK runs of `text`, for the n-gram index
         ("created_at", pa.string()),
     ]
 )

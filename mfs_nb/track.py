@@ -162,14 +162,12 @@ class VerbatimTrack:
             return len(todo)
 
     def _preload(self, embedder: CachedEmbedder, todo: Sequence[Event], events: Sequence[Event]) -> None:
-        """Hand the classifier the vectors the recall index already stored for these messages and the
-        assistant replies before them, so a text is embedded once (the index writes it first)."""
+        """Hand the classifier the vectors the recall index already stored for these messages' own
+        words, so a message is embedded once (the index usually writes it first)."""
         from .index import event_text
         from .search import chunks
 
-        first = todo[0].uid
-        wanted = [e for e in events if e.role == "assistant" and e.uid < first][-origin.RECENT:]
-        wanted += [e for e in events if e.role in ("user", "assistant") and first <= e.uid <= todo[-1].uid]
+        wanted = list(todo)
         try:
             stored = self.s.store.stored_vectors(embedder.model_id, self.s.name, [e.uid for e in wanted])
         except Exception:  # the index is derived data; without it the classifier embeds as before

@@ -17,6 +17,7 @@ from mfs_nb.errors import InputError
 from mfs_nb.llm import Completion
 from mfs_nb.store import Store, recall_vectors_name
 from mfs_nb.tools import call_tool
+from mfs_nb.track import CachedEmbedder
 
 
 def _call(name: str, args: dict, n: int = 1) -> Completion:
@@ -148,17 +149,28 @@ def test_vectors_are_stored_per_model_and_the_classifier_reads_them(store_dir, m
     monkeypatch.setattr(s.indexer, "model", lambda: emb)
     s.record("user", "tea and toast at sunrise", new_turn=True)
     s.record("assistant", "zzz")
+    s.record("user", "coffee at noon", new_turn=True)
     s.indexer.catch_up()
-    assert s.store.recall_state("s", "fake/8d")[0] == 2
-    stored = s.store.stored_vectors("fake/8d", "s", [1, 2])
-    assert set(stored) == {1, 2} and np.allclose(stored[1], emb(["tea and toast at sunrise"])[0])
+    assert s.store.recall_state("s", "fake/8d")[0] == 3
+    stored = s.store.stored_vectors("fake/8d", "s", [1, 2, 3])  # user messages' own words
+    assert set(stored) == {1, 3} and np.allclose(stored[3], emb(["coffee at noon"])[0])
     calls = emb.calls
     s.indexer.catch_up()
     assert emb.calls == calls  # nothing embedded twice
+
+    class NoEmbedding:
+        model_id = "fake/8d"
+
+        def embed(self, texts):
+            raise AssertionError(f"embedded again: {texts}")
+
+    cached = CachedEmbedder(NoEmbedding())  # the classifier's embedder reads the stored vectors
+    s.verbatim._preload(cached, [e for e in s.events if e.role == "user"], s.events)
+    assert np.allclose(cached(["coffee at noon", "tea and toast at sunrise"]), [stored[3], stored[1]])
     other = _Embedder("fake/other")
     monkeypatch.setattr(s.indexer, "model", lambda: other)
     s.indexer.catch_up()  # a new embedder: its own table, filled from the start
-    assert s.store.recall_state("s", "fake/other")[0] == 2
+    assert s.store.recall_state("s", "fake/other")[0] == 3
     assert recall_vectors_name("fake/8d") != recall_vectors_name("fake/other")
     hits = s.search("toast", 2)
     assert hits.methods == ("fts", "vector") and hits[0].uid == 1

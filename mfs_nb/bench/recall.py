@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from ..events import Event
+from ..index import rows_for_events
 from ..llm import Completion
 from ..session import Session
 from ..store import ANN_MIN_ROWS, Store, now_iso
@@ -93,7 +94,7 @@ def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, 
     queries_by: list[tuple[Session, list]] = []
     index_s, turns_n = 0.0, 0
     for conv in convs:
-        messages = conv["messages"][:150] if quick else conv["messages"]
+        messages = conv["messages"][:80] if quick else conv["messages"]
         uid = {m["id"]: i + 1 for i, m in enumerate(messages)}
         name = _name(conv["id"])
         _write(store, name, [(m["role"], f"{m['speaker']}: {m['content']}") for m in messages])
@@ -108,7 +109,7 @@ def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, 
             ev = {uid[e] for e in q["evidence"] if e in uid}
             if ev and len(ev) == len(q["evidence"]):
                 qs.append((q["question"], ev, CATEGORIES.get(q["category"], str(q["category"])), None))
-        queries_by.append((s, qs[:40] if quick else qs))
+        queries_by.append((s, qs[:25] if quick else qs))
     merged: dict[str, dict[str, list]] = {m: defaultdict(list) for m, _ in METHODS}
     for s, qs in queries_by:
         for method, groups in _evaluate(s, qs).items():
@@ -120,7 +121,7 @@ def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, 
 def chinese(data: Data, root: Path, quick: bool) -> dict[str, Any]:
     """CrossWOZ: later user turns that name an entity the same dialogue named before."""
     store = Store(root / "zh")
-    dialogues = data.get("crosswoz")[:12 if quick else 80]
+    dialogues = data.get("crosswoz")[:6 if quick else 80]
     turns: list[tuple[str, str]] = []
     queries: list[tuple[str, set[int], str, int | None]] = []
     for d in dialogues:
@@ -171,9 +172,7 @@ def latency(data: Data, root: Path, sizes: tuple[int, ...]) -> list[dict[str, An
                 probe.append(time.perf_counter() - t)
         started = time.perf_counter()
         for i in range(0, n, 10_000):  # the indexer's own rows, with random vectors in place of embeddings
-            from ..index import rows_for_event
-
-            rows = [r for e in s._events[i:i + 10_000] for r in rows_for_event(e)]
+            rows = rows_for_events(s._events[i:i + 10_000], s._events[i - 1] if i else None)
             store.index_text(rows)
             vecs = rng.standard_normal((len(rows), 384)).astype(np.float32)
             vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
@@ -235,7 +234,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
         en, index_s, turns_n = locomo(data, root, quick)
         zh = chinese(data, root, quick)
         lat = latency(data, root, sizes)
-        turn = turn_time(root, 1_000 if quick else 10_000, 5 if quick else 12)
+        turn = turn_time(root, 300 if quick else 10_000, 3 if quick else 12)
     keys = ("r@1", "r@5", "r@10", "hit@10", "mrr")
     rows = []
     for group in ["all", *CATEGORIES.values()]:
@@ -248,7 +247,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     lat_rows = [[f"{r['events']:,}", f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['embed_p50_ms']:.0f}",
                  f"{r['embed_p95_ms']:.0f}", f"{r['write_ms_per_event']:.3f}", f"{r['optimize_s']:.1f}",
                  "IVF_PQ" if r["ann"] else "flat"] for r in lat]
-    n_turn = "1,000" if quick else "10,000"
+    n_turn = "300" if quick else "10,000"
     metrics = {f"locomo_{m}_{k}": round(_mean(en[m]["all"], k), 4) for m, _ in METHODS for k in keys}
     metrics |= {f"zh_{m}_{k}": round(_mean(zh[m]["all"], k), 4) for m, _ in METHODS for k in keys}
     metrics |= {f"p95_ms_{r['events']}": round(r["p95_ms"], 1) for r in lat}
@@ -282,7 +281,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "add the query-embedding time for a cold query",
             "latency rows use synthetic random vectors (the 100k-event table is not embedded for real); "
             "the text is LoCoMo turns repeated",
-        ] + (["quick run: one LoCoMo conversation (150 turns, 40 questions), 12 CrossWOZ dialogues, 1k events"]
+        ] + (["quick run: one LoCoMo conversation (80 turns, 25 questions), 6 CrossWOZ dialogues, 1k events, "
+              "turn time on 300 events"]
              if quick else []),
         "metrics": metrics,
     }
