@@ -228,13 +228,16 @@ class Indexer:
         if text not in self.notices:
             self.notices.append(text)
 
-    def progress(self) -> dict[str, Any]:
-        """How much of the session is indexed: by full text, and by the current embedder."""
+    def progress(self, load: bool = True) -> dict[str, Any]:
+        """How much of the session is indexed: by full text, and by the current embedder (with
+        `load` False, only if the embedder is already loaded: `%mfs status` must stay instant)."""
         store, name = self.s.store, self.s.name
-        embedder = self.model()
+        v = self.s.verbatim
+        embedder = self.model() if load else (v._embedder if v._embedder_for == self.s.settings.embedding_model
+                                              and not self.failed else None)
         text_upto, _ = store.recall_state(name, "")
         vec_upto = store.recall_state(name, embedder.model_id)[0] if embedder is not None else 0
-        return {"last_uid": self.s.last_uid, "text_upto": text_upto, "vectors_upto": vec_upto,
+        return {"last_uid": self.s.last_uid, "text_upto": text_upto, "vectors_upto": vec_upto if embedder else None,
                 "model": embedder.model_id if embedder is not None else None, "failed": self.failed}
 
     # -- reading -----------------------------------------------------------------------------

@@ -319,6 +319,11 @@ class MfsMagics(Magics, Configurable):
                   + (f"; long arguments before uid {state.prune_before} stubbed" if state.prune_before else ""))
         if comp.breaker_open:
             print("circuit breaker open: automatic LLM compaction is off (zero-LLM segments keep the session in its window)")
+        p = s.indexer.progress(load=False)
+        vectors = (f"vectors ({p['model']}) to uid {p['vectors_upto']}" if p["model"] else
+                   f"vectors: {'failed, ' + p['failed'] if p['failed'] else 'embedder not loaded yet'}")
+        print(f"recall index: full text to uid {p['text_upto']}, {vectors}, of {p['last_uid']}"
+              + ("" if s.settings.recall_index else " (indexing on write is off)"))
 
     def _mfs_sessions(self, rest: list[str]) -> None:
         names = self._get_store().sessions()

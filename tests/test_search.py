@@ -237,3 +237,82 @@ def test_model_fetches_a_fact_from_a_compacted_range_by_search_then_recall(store
     assert reply.text == "Your grandmother's cat is called Biscuit."
     offered = {t["function"]["name"] for t in fake.tools_seen[-3]}
     assert {"recall_history", "recall_search"} <= offered
+
+
+# -- interfaces: CLI, %recall "text", the widget, segment headers ---------------------------------
+def test_cli_search_prints_hits_and_json(store_dir, capsys):
+    from mfs_nb.cli import main
+
+    s = _fts_session(store_dir, "cli")
+    s.record("user", "the staging database lives on port 5433", new_turn=True)
+    s.record("assistant", "ok, 5433 for staging")
+    s.indexer.close()
+    assert main(["search", "--store", store_dir, "--session", "cli", "staging database", "--k", "1"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("[#1 user · turn 1 · ")
+    assert main(["search", "--store", store_dir, "--session", "cli", "5433", "--json"]) == 0
+    hits = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert {h["uid"] for h in hits} == {1, 2} and all({"uid", "role", "turn", "score", "snippet"} <= set(h) for h in hits)
+    assert main(["search", "--store", store_dir, "--session", "nope", "x"]) == 2
+    assert "no session 'nope'" in capsys.readouterr().err
+    assert main(["search", "--store", store_dir, "--session", "cli", "   "]) == 2
+    assert "query is empty" in capsys.readouterr().err
+
+
+def test_recall_magic_searches_quoted_text_and_keeps_uids(tmp_path, monkeypatch, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    monkeypatch.setenv("MFS_STORE", str(tmp_path / "nb"))
+    monkeypatch.setenv("MFS_RECALL_INDEX", "true")
+    cfg = Config()
+    cfg.HistoryManager.enabled = False
+    ip = InteractiveShell(config=cfg)
+    try:
+        ip.run_line_magic("load_ext", "mfs_nb")
+        ip.run_line_magic("mfs", "config embedding_model=off")
+        ip.run_cell_magic("chat", "", "Remember that the backup bucket is called cold-archive.")
+        capsys.readouterr()
+        session = ip.magics_manager.registry["MfsMagics"].get_session()
+        session.indexer.wait(60)
+        ip.run_line_magic("recall", '"backup bucket"')
+        out = capsys.readouterr().out
+        assert "[#1 user · turn 1 · " in out and "cold-archive" in out
+        ip.run_line_magic("recall", "1")  # numbers keep meaning uids
+        assert "[#1 user · turn 1]\nRemember that the backup bucket" in capsys.readouterr().out
+        ip.run_line_magic("recall", '""')
+        assert "query is empty" in capsys.readouterr().err
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_recall_widget_answers_search_and_recall_messages(store_dir):
+    from mfs_nb.ui.data import recall_data
+    from mfs_nb.ui.recall import RecallView, search_data
+
+    s = _fts_session(store_dir, "w")
+    s.record("user", "the <b>deploy</b> key rotates monthly", new_turn=True)
+    s.indexer.wait(60)
+    view = RecallView(data=search_data(s.search("deploy key")), search=lambda q: search_data(s.search(q)),
+                      recall=lambda uid: recall_data(s.recall(uid))["events"])
+    assert "<b>" not in view.html() and "&lt;b&gt;" in view.html()
+    sent: list = []
+    view.send = sent.append  # type: ignore[method-assign]
+    view._on_message(view, {"type": "search", "query": "rotates"})
+    view._on_message(view, {"type": "search", "query": ""})
+    view._on_message(view, {"type": "recall", "uid": 1})
+    assert sent[0]["type"] == "search_result" and sent[0]["hits"][0]["uid"] == 1
+    assert sent[1]["type"] == "search_result" and "empty" in sent[1]["error"]
+    assert sent[2]["events"][0]["content"] == "the <b>deploy</b> key rotates monthly"
+
+
+def test_segment_headers_list_topic_keywords(store_dir):
+    from mfs_nb.events import Event
+    from mfs_nb.segments import build
+
+    events = [Event(1, "s", 1, "user", "The billing service connection pool keeps timing out under load"),
+              Event(2, "s", 1, "assistant", "Raise the billing pool limit to 30 and add retries to billing calls"),
+              Event(3, "s", 2, "tool", "pool pool pool pool pool stacktrace stacktrace")]
+    seg = build(1, events, "- fixed the pool")
+    assert seg.render().splitlines()[0] == "[segment #1 · uids 1–3 · topics: billing, pool, calls, connection, keeps]"
+    assert build(1, events, "- fixed the pool").render() == seg.render()  # deterministic

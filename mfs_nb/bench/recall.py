@@ -25,6 +25,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,10 @@ def _score(found: list[int], evidence: set[int]) -> dict[str, float]:
         "hit@10": float(first is not None and first < 10), "mrr": 0.0 if first is None else 1.0 / (first + 1)}
 
 
-def _evaluate(s: Session, queries: list[tuple[str, set[int], str, int | None]]) -> dict[str, dict[str, list]]:
+Query = tuple[str, set[int], str, "int | None"]
+
+
+def _evaluate(s: Session, queries: Sequence[Query]) -> dict[str, dict[str, list]]:
     """Per method, per group: the scores of each query (query, evidence uids, group, last uid searched)."""
     out: dict[str, dict[str, list]] = {m: defaultdict(list) for m, _ in METHODS}
     for question, evidence, group, upto in queries:
@@ -91,7 +95,7 @@ def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, 
     """Evidence retrieval on LoCoMo; returns (scores, embedding seconds, turns embedded)."""
     store = Store(root / "locomo")
     convs = data.get("locomo")[:1] if quick else data.get("locomo")
-    queries_by: list[tuple[Session, list]] = []
+    queries_by: list[tuple[Session, list[Query]]] = []
     index_s, turns_n = 0.0, 0
     for conv in convs:
         messages = conv["messages"][:80] if quick else conv["messages"]
@@ -104,7 +108,7 @@ def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, 
         s.indexer.wait()
         index_s += time.perf_counter() - started
         turns_n += len(messages)
-        qs = []
+        qs: list[Query] = []
         for q in conv["questions"]:
             ev = {uid[e] for e in q["evidence"] if e in uid}
             if ev and len(ev) == len(q["evidence"]):
@@ -123,7 +127,7 @@ def chinese(data: Data, root: Path, quick: bool) -> dict[str, Any]:
     store = Store(root / "zh")
     dialogues = data.get("crosswoz")[:6 if quick else 80]
     turns: list[tuple[str, str]] = []
-    queries: list[tuple[str, set[int], str, int | None]] = []
+    queries: list[Query] = []
     for d in dialogues:
         start = len(turns)
         names: list[str] = []
