@@ -94,6 +94,7 @@ class Indexer:
         self._stop = False
         self._thread: threading.Thread | None = None
         self._run_lock = threading.Lock()
+        self._start_lock = threading.Lock()
         self._rows_since_optimize = 0
         self._queries: dict[tuple[str, str], np.ndarray] = {}  # (model, query) -> vector, bounded
         self.failed: str | None = None  # why vectors stopped (the embedder failed); text goes on
@@ -105,17 +106,22 @@ class Indexer:
         switched off (`recall_index=false`) only a search (`force`) starts it."""
         if not self.enabled and not force:
             return
-        self._idle.clear()
-        self._wake.set()
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._loop, name=f"mfs-index-{self.s.name}", daemon=True)
-            self._thread.start()
+        with self._start_lock:
+            self._idle.clear()
+            self._wake.set()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name=f"mfs-index-{self.s.name}", daemon=True)
+                self._thread.start()
 
     def _loop(self) -> None:
         _lower_priority()  # the embedder's threads start from this one and inherit it
         while not self._stop:
             if not self._wake.wait(timeout=30):
-                return  # idle long enough: the thread ends; the next write starts another
+                with self._start_lock:  # idle long enough: the thread ends; the next write starts another
+                    if not self._wake.is_set():
+                        self._thread = None
+                        return
+                continue
             self._wake.clear()
             try:
                 self.catch_up()
