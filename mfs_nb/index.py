@@ -146,10 +146,13 @@ class Indexer:
             return None
         return self.s.verbatim.vector_layer()
 
-    def catch_up(self, progress: Any = None, vectors: bool = True) -> dict[str, int]:
+    def catch_up(self, progress: Any = None, vectors: bool = True, batch: int = BATCH,
+                 plain: bool = True) -> dict[str, int]:
         """Index everything not indexed yet: text rows first (cheap), then vectors in batches
         (unless `vectors` is False). Returns counts; `progress(done, total)` is called between
-        batches when given (re-indexing after a change of embedder shows it this way)."""
+        batches when given (re-indexing after a change of embedder shows it this way). A caller
+        that waits for the result (a benchmark, a re-index) may take bigger batches; `plain` False
+        skips the user messages' plain vectors (only the verbatim track reads them)."""
         with self._run_lock:
             store, name = self.s.store, self.s.name
             events = list(self.s._events)
@@ -170,7 +173,7 @@ class Indexer:
             done = {"text_rows": len(rows), "vector_rows": 0}
             embedder = self.model() if vectors else None
             if embedder is not None:
-                done["vector_rows"] = self._vectors(embedder, events, segments, turns, progress)
+                done["vector_rows"] = self._vectors(embedder, events, segments, turns, progress, batch, plain)
             if self._rows_since_optimize >= OPTIMIZE_EVERY:
                 self._rows_since_optimize = 0
                 info = store.optimize_recall(embedder.model_id if embedder is not None else None)
@@ -179,17 +182,17 @@ class Indexer:
             return done
 
     def _vectors(self, embedder: Any, events: Sequence[Event], segments: Sequence[Segment],
-                 turns: dict[int, int], progress: Any) -> int:
+                 turns: dict[int, int], progress: Any, size: int = BATCH, plain: bool = True) -> int:
         store, name, model_id = self.s.store, self.s.name, embedder.model_id
         upto, seg_upto = store.recall_state(name, model_id)
         todo = rows_for_events([e for e in events if e.uid > upto],
                                next((e for e in reversed(events) if e.uid <= upto), None))
-        todo = sorted(todo + plain_rows(todo), key=lambda r: (r["uid"], r["chunk"] < 0))
+        todo = sorted(todo + (plain_rows(todo) if plain else []), key=lambda r: (r["uid"], r["chunk"] < 0))
         todo += [r for x in segments if x.id > seg_upto for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
         written = 0
-        for i in range(0, len(todo), BATCH):
+        for i in range(0, len(todo), size):
             self._yield_to_turn()
-            batch = todo[i:i + BATCH]
+            batch = todo[i:i + size]
             try:
                 vectors = np.asarray(embedder([r["words"] for r in batch]), dtype=np.float32)
                 if not np.all(np.isfinite(vectors)):
@@ -206,7 +209,7 @@ class Indexer:
             written += len(batch)
             # the watermark moves only past uids whose every chunk is written
             done_events = [r["uid"] for r in batch if r["kind"] == "event"]
-            rest = todo[i + BATCH:]
+            rest = todo[i + size:]
             if done_events:
                 pending = min((r["uid"] for r in rest if r["kind"] == "event"), default=None)
                 upto = max(upto, max(done_events) if pending is None else min(max(done_events), pending - 1))
@@ -361,12 +364,17 @@ class Indexer:
         """The query's vector (e5 queries take their own prefix); the last few hundred are kept."""
         key = (embedder.model_id, query)
         if key not in self._queries:
-            inner = getattr(embedder, "inner", embedder)
-            embed_query = getattr(inner, "embed_query", None) or getattr(inner, "embed", None) or embedder
-            if len(self._queries) > 512:
-                self._queries.clear()
-            self._queries[key] = np.asarray(embed_query([query]), dtype=np.float32)[0]
+            self.embed_queries(embedder, [query])
         return self._queries[key]
+
+    def embed_queries(self, embedder: Any, queries: Sequence[str], keep: int = 512) -> None:
+        """Embed queries in one call and keep them (a benchmark asks many at once)."""
+        inner = getattr(embedder, "inner", embedder)
+        embed_query = getattr(inner, "embed_query", None) or getattr(inner, "embed", None) or embedder
+        if len(self._queries) + len(queries) > keep:
+            self._queries.clear()
+        for q, v in zip(queries, np.asarray(embed_query(list(queries)), dtype=np.float32)):
+            self._queries[(embedder.model_id, q)] = v
 
     def _around(self, uid: int, n: int) -> tuple[dict[str, Any], ...]:
         if n <= 0:
