@@ -8,8 +8,8 @@ regenerated in place. A suite whose data is missing is skipped with a message.
 
 from __future__ import annotations
 
-from . import clearing, compaction, recall, sidebyside, tokens, verbatim
+from . import clearing, compaction, recall, recall_speed, sidebyside, tokens, verbatim
 
 SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compaction,
           verbatim.NAME: verbatim, sidebyside.NAME: sidebyside,
-          recall.NAME: recall}
+          recall.NAME: recall, recall_speed.NAME: recall_speed}

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import tempfile
@@ -100,7 +101,8 @@ def _evaluate(s: Session, queries: Sequence[Query]) -> dict[str, dict[str, list]
 def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, int]:
     """Evidence retrieval on LoCoMo; returns (scores, embedding seconds, turns embedded)."""
     store = Store(root / "locomo")
-    convs = data.get("locomo")[:1] if quick else data.get("locomo")
+    limit = int(os.environ.get("MFS_BENCH_LOCOMO_CONVERSATIONS") or 0) or None
+    convs = data.get("locomo")[:1] if quick else data.get("locomo")[:limit]
     queries_by: list[tuple[Session, list[Query]]] = []
     index_s, turns_n = 0.0, 0
     for conv in convs:
@@ -130,7 +132,7 @@ def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, 
 def chinese(data: Data, root: Path, quick: bool) -> dict[str, Any]:
     """CrossWOZ: later user turns that name an entity the same dialogue named before."""
     store = Store(root / "zh")
-    dialogues = data.get("crosswoz")[:6 if quick else 50]
+    dialogues = data.get("crosswoz")[:6 if quick else 30]
     turns: list[tuple[str, str]] = []
     queries: list[Query] = []
     for d in dialogues:
@@ -225,6 +227,9 @@ def turn_time(root: Path, n: int, turns: int) -> dict[str, float]:
         if index:
             out["backlog_left"] = s.last_uid - s.indexer.progress()["vectors_upto"]
             s.indexer.close()
+            thread = s.indexer._thread
+            if thread is not None:
+                thread.join(timeout=300)  # its store is about to be deleted
         out[f"{label}_p50_ms"] = 1000 * statistics.median(times)
         out[f"{label}_p95_ms"] = 1000 * _pct(times, 0.95)
     return out
@@ -235,13 +240,11 @@ def _mean(scores: list[dict[str, float]], key: str) -> float:
 
 
 def run(data: Data, quick: bool) -> dict[str, Any]:
-    sizes = (1_000,) if quick else (1_000, 10_000, 100_000)
-    with tempfile.TemporaryDirectory(prefix="mfs-recall-") as tmp:
+    """Evidence retrieval: LoCoMo per category, and the Chinese set."""
+    with tempfile.TemporaryDirectory(prefix="mfs-recall-", ignore_cleanup_errors=True) as tmp:
         root = Path(tmp)
         en, index_s, turns_n = locomo(data, root, quick)
         zh = chinese(data, root, quick)
-        lat = latency(data, root, sizes)
-        turn = turn_time(root, 300 if quick else 10_000, 3 if quick else 12)
     keys = ("r@1", "r@5", "r@10", "hit@10", "mrr")
     rows = []
     for group in ["all", *CATEGORIES.values()]:
@@ -251,22 +254,53 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                 rows.append([group, method, len(scores), *(f"{_mean(scores, k):.3f}" for k in keys)])
     zh_rows = [["CrossWOZ entity", m, len(zh[m]["all"]), *(f"{_mean(zh[m]['all'], k):.3f}" for k in keys)]
                for m, _ in METHODS]
+    metrics = {f"locomo_{m}_{k}": round(_mean(en[m]["all"], k), 4) for m, _ in METHODS for k in keys}
+    metrics |= {f"zh_{m}_{k}": round(_mean(zh[m]["all"], k), 4) for m, _ in METHODS for k in keys}
+    metrics["embed_ms_per_turn"] = round(1000 * index_s / max(turns_n, 1), 1)
+    n_convs = len(data.get("locomo")[:1] if quick else data.get("locomo")[:int(os.environ.get(
+        "MFS_BENCH_LOCOMO_CONVERSATIONS") or 0) or None])
+    return {
+        "title": "Recall by meaning: evidence retrieval",
+        "tables": [
+            {"caption": f"LoCoMo evidence retrieval, {n_convs} of {len(data.get('locomo'))} conversations "
+                        "(r@k: share of a question's evidence turns in the top k; hit@10: the question has an "
+                        "evidence turn in the top 10)", "columns": ["category", "method", "questions", *keys],
+             "rows": rows},
+            {"caption": "Chinese: CrossWOZ entity recall (built deterministically, see the module doc)",
+             "columns": ["set", "method", "queries", *keys], "rows": zh_rows},
+        ],
+        "notes": [
+            f"embedder {EMBEDDER} (multilingual-e5-small, 4-bit, numpy), {1000 * index_s / max(turns_n, 1):.0f} ms "
+            f"per LoCoMo turn to index (embedding + writes) on this machine",
+            f"hybrid = reciprocal-rank fusion (k={S.RRF_K}) of the full-text and vector rankings, 50 candidates each, "
+            f"each ranking first smoothed with its neighbours (a hit's uid±1 gets {S.NEIGHBOUR_SHARE} of its score); "
+            "the first chunk of an event is embedded with the last 300 chars of the event before it; k, the share and "
+            "the context were chosen on this LoCoMo set",
+            "full text: LanceDB native FTS, a word index (English stemming) on the text and a character 2-3-gram "
+            "index on its CJK runs",
+            "the benchmark indexes in the foreground in batches of 64 and leaves out the user messages' plain vectors "
+            "(only the user-verbatim track reads those); a live session indexes in the background in batches of 8",
+        ] + (["quick run: one LoCoMo conversation (80 turns, 25 questions), 6 CrossWOZ dialogues"] if quick else []),
+        "metrics": metrics,
+    }
+
+
+def run_speed(data: Data, quick: bool) -> dict[str, Any]:
+    """Search latency and index cost at 1k/10k/100k events; chat-turn time with and without indexing."""
+    sizes = (1_000,) if quick else (1_000, 10_000, 100_000)
+    with tempfile.TemporaryDirectory(prefix="mfs-recall-", ignore_cleanup_errors=True) as tmp:
+        root = Path(tmp)
+        lat = latency(data, root, sizes)
+        turn = turn_time(root, 300 if quick else 10_000, 3 if quick else 12)
     lat_rows = [[f"{r['events']:,}", f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['embed_p50_ms']:.0f}",
                  f"{r['embed_p95_ms']:.0f}", f"{r['write_ms_per_event']:.3f}", f"{r['optimize_s']:.1f}",
                  "IVF_PQ" if r["ann"] else "flat"] for r in lat]
     n_turn = "300" if quick else "10,000"
-    metrics = {f"locomo_{m}_{k}": round(_mean(en[m]["all"], k), 4) for m, _ in METHODS for k in keys}
-    metrics |= {f"zh_{m}_{k}": round(_mean(zh[m]["all"], k), 4) for m, _ in METHODS for k in keys}
-    metrics |= {f"p95_ms_{r['events']}": round(r["p95_ms"], 1) for r in lat}
-    metrics |= {"embed_ms_per_turn": round(1000 * index_s / max(turns_n, 1), 1)} | {
-        f"turn_{k}": round(v, 1) for k, v in turn.items()}
+    metrics = {f"p95_ms_{r['events']}": round(r["p95_ms"], 1) for r in lat}
+    metrics |= {f"turn_{k}": round(v, 1) for k, v in turn.items()}
     return {
-        "title": "Recall by meaning: evidence retrieval, latency, index cost",
+        "title": "Recall by meaning: search latency, index cost, turn time",
         "tables": [
-            {"caption": "LoCoMo evidence retrieval (share of evidence turns in the top k; hit@10: any evidence turn "
-                        "in the top 10)", "columns": ["category", "method", "questions", *keys], "rows": rows},
-            {"caption": "Chinese: CrossWOZ entity recall (built deterministically, see notes)",
-             "columns": ["set", "method", "queries", *keys], "rows": zh_rows},
             {"caption": "Search latency and index cost (synthetic vectors, real queries)",
              "columns": ["events", "search p50 ms", "search p95 ms", "query embed p50 ms", "query embed p95 ms",
                          "write ms/event", "optimize s", "vector index"], "rows": lat_rows},
@@ -277,24 +311,12 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                        f"{turn['on_p50_ms']:.0f}", f"{turn['on_p95_ms']:.0f}"]]},
         ],
         "notes": [
-            f"embedder {EMBEDDER} (multilingual-e5-small, 4-bit, numpy), {1000 * index_s / max(turns_n, 1):.0f} ms "
-            f"per LoCoMo turn to index (embedding + writes) on this machine",
-            f"hybrid = reciprocal-rank fusion (k={S.RRF_K}) of the full-text and vector rankings, 50 candidates each, "
-            f"each ranking first smoothed with its neighbours (a hit's uid±1 gets {S.NEIGHBOUR_SHARE} of its score); "
-            "the first chunk of an event is embedded with the last 300 chars of the event before it; k, the share and "
-            "the context were chosen on this LoCoMo set",
-            "the benchmark indexes in the foreground in batches of 64 and leaves out the user messages' plain vectors "
-            "(only the user-verbatim track reads those); a live session indexes in the background in batches of 8",
-            "full text: LanceDB native FTS, a word index (English stemming) on the text and a character 2-3-gram "
-            "index on its CJK runs",
             f"the vector index (IVF_PQ, cosine) is built when a model's table reaches {ANN_MIN_ROWS:,} rows; below "
             "that a flat scan is exact; BTree indexes on session and uid from the start",
-            "search p50/p95: the engine with the query's vector already computed (warm), 60 real questions; "
-            "add the query-embedding time for a cold query",
+            "search p50/p95: hybrid search through Session.search with the query's vector already computed (warm), "
+            "60 real questions; add the query-embedding time for a cold query",
             "latency rows use synthetic random vectors (the 100k-event table is not embedded for real); "
             "the text is LoCoMo turns repeated",
-        ] + (["quick run: one LoCoMo conversation (80 turns, 25 questions), 6 CrossWOZ dialogues, 1k events, "
-              "turn time on 300 events"]
-             if quick else []),
+        ] + (["quick run: 1k events; turn time on 300 events"] if quick else []),
         "metrics": metrics,
     }
