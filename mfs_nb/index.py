@@ -191,6 +191,8 @@ class Indexer:
         todo += [r for x in segments if x.id > seg_upto for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
         written = 0
         for i in range(0, len(todo), size):
+            if self._stop:  # closed: the watermark says where to resume
+                return written
             self._yield_to_turn()
             batch = todo[i:i + size]
             try:
