@@ -24,6 +24,9 @@ TRIM_SHARE = 0.04  # a single result above this share of the usable window is tr
 KEEP_ROUNDS = 3  # the newest tool rounds keep their results when old ones are cleared
 MIN_GAIN = 0.05  # a clearing event must free this share of the usable window to be worth a cache miss
 CHARS_PER_TOKEN = 3.5
+# The memory layer's own tools page their results to a bounded share of the window (tools.MEMORY_SHARE),
+# so S2 never trims them: a recall cut to head and tail would have to be recalled again.
+MEMORY_TOOLS = frozenset({"recall_history", "recall_search"})
 
 
 def trim_chars(effective_tokens: int) -> int:
@@ -126,7 +129,7 @@ def apply(items: list[tuple[dict[str, Any], int | None]], clearing: Clearing
                     stats.cleared += 1
                     stats.chars_saved += len(content) - len(new)
                     message, form = {**message, "content": new}, "cleared"
-            elif clearing.trim_chars and len(content) > clearing.trim_chars:
+            elif clearing.trim_chars and len(content) > clearing.trim_chars and name not in MEMORY_TOOLS:
                 new = trimmed_text(content, uid)
                 if len(new) < len(content):
                     stats.trimmed += 1

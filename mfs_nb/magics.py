@@ -249,7 +249,11 @@ class MfsMagics(Magics, Configurable):
     # -- %recall -------------------------------------------------------------------------
     @line_magic
     def recall(self, line: str) -> None:
-        """Show the original messages of a uid range, verbatim: %recall 102-140 (or 102 140, or 102)."""
+        """Show the original messages of a uid range, verbatim: %recall 102-140 (or 102 140, or 102).
+        Quoted text searches the session instead: %recall "pool size" [--k 10]."""
+        if line.strip()[:1] in ("'", '"'):
+            self._recall_search(line)
+            return
         try:
             a, b = parse_uid_range(line)
             events = self.get_session().recall(a, b)
@@ -259,6 +263,30 @@ class MfsMagics(Magics, Configurable):
         from .ui.data import recall_html, recall_text
 
         display(Rich(recall_text(events), recall_html(events)))
+
+    def _recall_search(self, line: str) -> None:
+        """%recall "free text" [--k K]: hybrid search of the session, shown as static output like
+        every mfs output (one error policy: a malformed line prints one line and stops nothing)."""
+        from .ui.data import recall_data
+        from .ui.recall import RecallView, search_data
+
+        try:
+            try:
+                words = shlex.split(line)
+            except ValueError as exc:
+                raise InputError(f"%recall: {exc}; quote the text like %recall \"pool size\"") from None
+            k: Any = 10
+            if len(words) == 3 and words[1] == "--k":
+                k = words[2]
+            elif len(words) != 1:
+                raise InputError('%recall: quote the whole text, e.g. %recall "pool size" (optionally --k 5)')
+            session = self.get_session()
+            data = {**search_data(session.search(words[0], k)), "query": words[0]}
+        except MfsError as exc:
+            _error(exc)
+            return
+        view = RecallView(data=data, recall=lambda uid: recall_data(session.recall(uid))["events"])
+        display(Rich(view.text(), view.html()))  # static: readable in a reopened notebook
 
     # -- %context ------------------------------------------------------------------------
     @line_magic
@@ -320,6 +348,11 @@ class MfsMagics(Magics, Configurable):
                   + (f"; long arguments before uid {state.prune_before} stubbed" if state.prune_before else ""))
         if comp.breaker_open:
             print("circuit breaker open: automatic LLM compaction is off (zero-LLM segments keep the session in its window)")
+        p = s.indexer.progress(load=False)
+        vectors = (f"vectors ({p['model']}) to uid {p['vectors_upto']}" if p["model"] else
+                   f"vectors: {'failed, ' + p['failed'] if p['failed'] else 'embedder not loaded yet'}")
+        print(f"recall index: full text to uid {p['text_upto']}, {vectors}, of {p['last_uid']}"
+              + ("" if s.settings.recall_index else " (indexing on write is off)"))
 
     def _mfs_sessions(self, rest: list[str]) -> None:
         names = self._get_store().sessions()

@@ -42,9 +42,11 @@ class Segment:
     degraded: bool = False
     tokens: int = 0
     covered_hash: str = ""
+    keywords: str = ""  # a few topic words of the range (search.keywords), so the model knows what to search
 
     def render(self) -> str:
-        text = f"[segment #{self.id} · uids {self.uid_from}–{self.uid_to}{' · degraded' if self.degraded else ''}]\n"
+        topics = f" · topics: {self.keywords}" if self.keywords else ""
+        text = f"[segment #{self.id} · uids {self.uid_from}–{self.uid_to}{' · degraded' if self.degraded else ''}{topics}]\n"
         text += HONESTY + "\n\n" + self.prose.strip()
         if self.facts.strip():
             text += "\n\nFacts (verbatim):\n" + self.facts.strip()
@@ -187,13 +189,20 @@ def degraded_prose(events: Sequence[Event]) -> str:
     return "\n".join(lines)
 
 
+def topic_keywords(events: Sequence[Event], n: int = 5) -> str:
+    """Topic words of a range, deterministic, from what the user and assistant said (not tool output)."""
+    from .search import keywords
+
+    return ", ".join(keywords([e.content for e in events if e.role in ("user", "assistant")], n))
+
+
 def build(segment_id: int, events: Sequence[Event], prose: str | None) -> Segment:
     """A segment for `events`: the given prose, or the degraded guide when prose is None."""
     facts = fact_list(events)
     degraded = prose is None
     body = degraded_prose(events) if degraded else prose
     seg = Segment(segment_id, events[0].uid, events[-1].uid, body or "", facts.render(), 0, degraded, 0,
-                  covered_hash(events))
+                  covered_hash(events), topic_keywords(events))
     return Segment(**{**seg.to_json(), "tokens": estimate_tokens(seg.render()) + 4})
 
 

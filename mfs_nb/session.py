@@ -25,6 +25,7 @@ from .compaction import Compactor
 from .errors import ConfigError, InputError, MfsError, PromptTooLong
 from .events import Event, clean_text
 from .facts import FactTrack, fact_track
+from .index import Indexer
 from .llm import LLM, Completion, default_endpoints, is_offline, missing_key, model_window, redact
 from .meter import Meter
 from .origin import (
@@ -39,12 +40,24 @@ from .origin import (
     looks_like_document,
     split_quote,
 )
+from .search import Results
 from .segments import Segment
 from .settings import Settings, from_environment
 from .snapshots import read_document
 from .store import Store, UidConflict, now_iso
 from .tokens import estimate_tokens, message_tokens
-from .tools import RECALL_DESCRIPTION, RECALL_SCHEMA, Tool, call_tool, format_events, parse_range
+from .tools import (
+    RECALL_DESCRIPTION,
+    RECALL_SCHEMA,
+    SEARCH_DESCRIPTION,
+    SEARCH_SCHEMA,
+    Tool,
+    call_tool,
+    format_events,
+    format_hits,
+    memory_result_chars,
+    parse_range,
+)
 from .track import VerbatimTrack
 from .usage import TIERS, ContextProfile, Usage, human
 from .view import RawCache, SendView, drop_oldest_rounds, project
@@ -142,6 +155,7 @@ class Session:
         self._window: int | None = None
         self.tools: dict[str, Tool] = {}
         self.register_tool(Tool("recall_history", RECALL_DESCRIPTION, RECALL_SCHEMA, self._recall_tool))
+        self.register_tool(Tool("recall_search", SEARCH_DESCRIPTION, SEARCH_SCHEMA, self._search_tool))
         if explicit or not meta:
             self._save_meta()
         # S2 boundaries are declared by clearing rows in the ledger; the newest one is in force.
@@ -149,6 +163,9 @@ class Session:
         self._prune_before = int(last_clearing["prune_before"]) if last_clearing else 0
         self.verbatim = VerbatimTrack(self)
         self.compactor = Compactor(self)
+        self.indexer = Indexer(self, enabled=self.settings.recall_index)
+        if self._events:
+            self.indexer.kick()  # a restart resumes indexing where it stopped
         self._raw_cache = RawCache()
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
         if self.settings.window_tokens:
@@ -255,6 +272,8 @@ class Session:
                     self._events = self.store.load_events(self.name)  # another kernel appended; take fresh uids
                     continue
                 self._events.append(event)
+                if getattr(self, "indexer", None) is not None:
+                    self.indexer.kick()  # the turn never waits for the index
                 return event
             raise AssertionError("unreachable")
 
@@ -276,7 +295,23 @@ class Session:
 
     def _recall_tool(self, uid_from: Any, uid_to: Any = None) -> str:
         events = self.recall(uid_from, uid_to)
-        return format_events(events)
+        return format_events(events, memory_result_chars(self.profile().effective))
+
+    def search(self, query: Any, k: Any = 10, *, role: str | Sequence[str] | None = None,
+               uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,
+               methods: Sequence[str] = ("fts", "vector")) -> Results:
+        """Hybrid search (full text + vectors, fused by reciprocal rank) over this session's log and
+        segments. Hits carry uid, role, turn, score and a snippet; read them with `recall`."""
+        return self.indexer.search(query, k, role=role, uid_from=uid_from, uid_to=uid_to, neighbours=neighbours,
+                                   methods=methods)
+
+    def _search_tool(self, query: Any = "", k: Any = 8, role: Any = None, uid_from: Any = None,
+                     uid_to: Any = None) -> str:
+        lo, hi = (parse_range(uid_from, uid_to) if uid_from is not None else (None, None))
+        if uid_from is None and uid_to is not None:
+            hi = parse_range(uid_to)[0]
+        found = self.search(query, k, role=role or None, uid_from=lo, uid_to=hi)
+        return format_hits(found, memory_result_chars(self.profile().effective))
 
     # -- projection and pressure -----------------------------------------------------------
     def _count(self, message: dict[str, Any], uid: int | None, form: str = "full") -> int:

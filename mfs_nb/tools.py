@@ -15,6 +15,11 @@ from .errors import InputError
 from .events import Event
 
 MAX_RESULT_CHARS = 60_000
+# Results of the memory layer's own tools are paginated to this share of the usable window, and S2
+# leaves them whole on the calls that follow (clearing.MEMORY_TOOLS): a recall cut to its head and
+# tail would be a recall of nothing.
+MEMORY_SHARE = 0.08
+MIN_MEMORY_CHARS = 2_000
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,48 @@ RECALL_DESCRIPTION = (
     "Return the original messages of this conversation with uids uid_from..uid_to, word for word, "
     "with their roles. Works for any uid ever written, compressed or not."
 )
+
+
+SEARCH_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "query": {"type": "string", "description": "what to look for, in words (any language)"},
+        "k": {"type": "integer", "description": "how many hits (default 8, at most 100)"},
+        "role": {"type": "string", "enum": ["user", "assistant", "tool", "segment"],
+                 "description": "only messages of this role (optional)"},
+        "uid_from": {"type": "integer", "description": "only uids from here (optional)"},
+        "uid_to": {"type": "integer", "description": "only uids up to here (optional)"},
+    },
+    "required": ["query"],
+}
+SEARCH_DESCRIPTION = (
+    "Search this whole conversation by meaning and by words, including what is no longer in context. "
+    "Returns uids with a snippet each; then call recall_history with a uid to read the original."
+)
+
+
+def memory_result_chars(effective_tokens: int, chars_per_token: float = 3.5) -> int:
+    """The page size of recall_history / recall_search results for a window (see MEMORY_SHARE)."""
+    return max(MIN_MEMORY_CHARS, min(MAX_RESULT_CHARS, int(MEMORY_SHARE * effective_tokens * chars_per_token)))
+
+
+def format_hits(results: Any, max_chars: int = MAX_RESULT_CHARS) -> str:
+    """Search hits as lines for the model, bounded, with how to read each one in full."""
+    hits = list(results)
+    notes = [f"[note: {n}]" for n in getattr(results, "notices", [])]
+    if not hits:
+        return "\n".join(notes + ["no matches; try other words, or recall_history with a uid range"])
+    lines = [*notes, f"{len(hits)} hits (best first); read one with recall_history(uid, uid):"]
+    used = sum(len(x) + 1 for x in lines)
+    for i, hit in enumerate(hits):
+        line = hit.line()
+        if used + len(line) + 1 > max_chars and i:
+            lines.append(f"[… {len(hits) - i} more hits left out to fit; call again with a smaller k or narrower "
+                         f"uid_from/uid_to]")
+            break
+        lines.append(line[:max_chars])
+        used += len(line) + 1
+    return "\n".join(lines)
 
 
 def format_events(events: Sequence[Event], max_chars: int = MAX_RESULT_CHARS) -> str:

@@ -57,6 +57,13 @@ class CachedEmbedder:
                 self._vectors.update((t, known[t]) for t in need)
         return np.stack([known[t] for t in texts])
 
+    def preload(self, pairs: list[tuple[str, list[float]]]) -> int:
+        """Vectors already stored for these texts (by the recall index): not embedded again."""
+        with self._lock:
+            new = [(t, np.asarray(v, dtype=np.float32)) for t, v in pairs if t not in self._vectors]
+            self._vectors.update(new)
+        return len(new)
+
 
 def gate_probe() -> list[dict[str, Any]]:
     """The small labelled probe shipped with the package (own replies vs copies, EN and ZH)."""
@@ -237,6 +244,8 @@ class VerbatimTrack:
             if not todo:
                 return 0
             embedder = self.vector_layer()
+            if embedder is not None:
+                self._preload(embedder, todo, events)  # vectors the recall index already stored
             if embedder is not None and len(todo) > 1:
                 try:
                     prefetch(embedder, [(e.content, _recent(e, events)) for e in todo])
@@ -258,6 +267,25 @@ class VerbatimTrack:
                     pass
             self.s._log("origin", upto=upto, **{k.replace("+", "_"): v for k, v in counts.items() if v})
             return len(todo)
+
+    def _preload(self, embedder: CachedEmbedder, todo: Sequence[Event], events: Sequence[Event]) -> None:
+        """Hand the classifier the vectors the recall index already stored for these messages' own
+        words, so a message is embedded once (the index usually writes it first)."""
+        from .index import event_text
+        from .search import chunks
+
+        wanted = list(todo)
+        try:
+            stored = self.s.store.stored_vectors(embedder.model_id, self.s.name, [e.uid for e in wanted])
+        except Exception:  # the index is derived data; without it the classifier embeds as before
+            return
+        pairs = []
+        for e in wanted:
+            if e.uid in stored:
+                head = chunks(event_text(e))
+                if head:
+                    pairs.append((head[0], stored[e.uid]))
+        embedder.preload(pairs)
 
     def _classify(self, event: Event, events: Sequence[Event], embedder: CachedEmbedder | None) -> Verdict:
         try:

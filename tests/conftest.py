@@ -29,6 +29,9 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path, _machine_cache) -> 
                 "MFS_FALLBACK_BASE_URL", "MFS_FALLBACK_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("MFS_STORE", str(tmp_path / "default-store"))
+    # background embedding would compete with every test for two cores: tests that need the recall
+    # index switch it on (recall_index=True)
+    monkeypatch.setenv("MFS_RECALL_INDEX", "false")
 
 
 @pytest.fixture

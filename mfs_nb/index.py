@@ -1,0 +1,400 @@
+"""Index on write and hybrid search for one session (DESIGN §5, recall by meaning).
+
+`Indexer` keeps the recall index of a session up to date in a background thread: every event
+(user, assistant, tool result, attached document, cut into chunks) and every segment's prose
+gets a text row (full-text indexed at once) and, in batches, a vector row in the table of the
+session's embedding model. A turn only wakes the thread; it never waits for it. Watermarks in
+the store (`recall_state`) make a restart resume where indexing stopped, and a vector table per
+model means that changing the embedder re-indexes into a fresh table instead of mixing spaces.
+
+`search` fuses the full-text and the vector rankings by reciprocal rank (search.fuse). Rows the
+vectors have not reached yet are still found by full text, and the results say so.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import search as S
+from .errors import InputError
+from .events import Event
+from .search import Hit, Results
+from .store import now_iso
+
+if TYPE_CHECKING:
+    from .segments import Segment
+    from .session import Session
+
+BATCH = 8  # texts per embedding call: small, so a turn that starts never waits behind a long batch
+OPTIMIZE_EVERY = 2_000  # text rows between index optimisations
+CANDIDATES = 50  # rows each method contributes to the fusion
+
+
+def event_text(e: Event) -> str:
+    """What of an event is indexed: its content, and the tool calls an assistant made."""
+    text = e.content or ""
+    for c in e.tool_calls:
+        fn = c.get("function") or {}
+        text += f"\n[{fn.get('name', '?')}({(fn.get('arguments') or '')[:300]})]"
+    return text.strip()
+
+
+def rows_for_event(e: Event, before: Event | None = None) -> list[dict[str, Any]]:
+    """The index rows of one event. The first chunk is embedded together with the end of the event
+    before it (`words`), so an answer is also found by the meaning of the question it answers; the
+    word index reads the chunk alone, so a short reply is not found by its predecessor's words."""
+    context = S.context_tail(event_text(before)) if before is not None else ""
+    return [_row(e.session, "event", e.uid, e.uid, e.turn, e.role, i, c, context if i == 0 else "")
+            for i, c in enumerate(S.chunks(event_text(e)))]
+
+
+def rows_for_events(events: Sequence[Event], previous: Event | None = None) -> list[dict[str, Any]]:
+    rows = []
+    for e in events:
+        rows += rows_for_event(e, previous)
+        previous = e
+    return rows
+
+
+def plain_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """For a user message indexed with context, one more vector row of its own words alone
+    (chunk -1): the user-verbatim track's classifier reads it instead of embedding the text again."""
+    return [{**r, "key": r["key"][:-4] + "plain", "chunk": -1, "words": r["text"]} for r in rows
+            if r["role"] == "user" and r["chunk"] == 0 and r["words"] != r["text"]]
+
+
+def rows_for_segment(session: str, seg: Segment, turn: int) -> list[dict[str, Any]]:
+    return [_row(session, "segment", seg.uid_from, seg.uid_to, turn, "segment", i, c)
+            for i, c in enumerate(S.chunks(seg.prose))]
+
+
+def _row(session: str, kind: str, uid: int, uid_to: int, turn: int, role: str, chunk: int, text: str,
+         context: str = "") -> dict[str, Any]:
+    words = f"{context}\n{text}" if context else text
+    return {"key": f"{session}\x1f{kind}\x1f{uid:012d}\x1f{chunk:04d}", "session": session, "kind": kind, "uid": uid,
+            "uid_to": uid_to, "turn": turn, "role": role, "chunk": chunk, "text": text, "words": words,
+            "cjk": S.cjk_text(text), "created_at": now_iso()}
+
+
+class Indexer:
+    """The recall index of one session: background writer and hybrid search."""
+
+    def __init__(self, session: Session, enabled: bool = True):
+        self.s = session
+        self.enabled = enabled
+        self._wake = threading.Event()
+        self._idle = threading.Event()
+        self._idle.set()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self._run_lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._rows_since_optimize = 0
+        self._queries: dict[tuple[str, str], np.ndarray] = {}  # (model, query) -> vector, bounded
+        self.failed: str | None = None  # why vectors stopped (the embedder failed); text goes on
+        self.notices: list[str] = []
+
+    # -- writing -----------------------------------------------------------------------------
+    def kick(self, force: bool = False) -> None:
+        """Something new was written: index it soon, off the caller's thread. With indexing on write
+        switched off (`recall_index=false`) only a search (`force`) starts it."""
+        if not self.enabled and not force:
+            return
+        with self._start_lock:
+            self._idle.clear()
+            self._wake.set()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name=f"mfs-index-{self.s.name}", daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        _lower_priority()  # the embedder's threads start from this one and inherit it
+        while not self._stop:
+            if not self._wake.wait(timeout=30):
+                with self._start_lock:  # idle long enough: the thread ends; the next write starts another
+                    if not self._wake.is_set():
+                        self._thread = None
+                        return
+                continue
+            self._wake.clear()
+            try:
+                self.catch_up()
+            except Exception as exc:  # the index is derived data: a failure costs nothing in the log
+                self._note(f"indexing paused ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                           "search answers from what is indexed")
+            finally:
+                if not self._wake.is_set():
+                    self._idle.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the background indexer has nothing left (tests, CLI, benchmarks)."""
+        return self._idle.wait(timeout)
+
+    def close(self) -> None:
+        self._stop = True
+        self._wake.set()
+
+    def model(self) -> Any:
+        """The session's embedder (the verbatim track's, quality-gated), or None (full text only)."""
+        if self.failed:
+            return None
+        return self.s.verbatim.vector_layer()
+
+    def catch_up(self, progress: Any = None, vectors: bool = True, batch: int = BATCH,
+                 plain: bool = True) -> dict[str, int]:
+        """Index everything not indexed yet: text rows first (cheap), then vectors in batches
+        (unless `vectors` is False). Returns counts; `progress(done, total)` is called between
+        batches when given (re-indexing after a change of embedder shows it this way). A caller
+        that waits for the result (a benchmark, a re-index) may take bigger batches; `plain` False
+        skips the user messages' plain vectors (only the verbatim track reads them)."""
+        with self._run_lock:
+            store, name = self.s.store, self.s.name
+            events = list(self.s._events)
+            segments = list(self.s.compactor.segments)
+            turns = {e.uid: e.turn for e in events}
+            text_upto, text_seg = store.recall_state(name, "")
+            new_events = [e for e in events if e.uid > text_upto]
+            new_segs = [x for x in segments if x.id > text_seg]
+            before = next((e for e in reversed(events) if e.uid <= text_upto), None)
+            rows = rows_for_events(new_events, before)
+            rows += [r for x in new_segs for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
+            if rows:
+                store.index_text(rows)
+            if new_events or new_segs:
+                store.save_recall_state(name, "", max([text_upto] + [e.uid for e in new_events]),
+                                        max([text_seg] + [x.id for x in new_segs]))
+            self._rows_since_optimize += len(rows)
+            done = {"text_rows": len(rows), "vector_rows": 0}
+            embedder = self.model() if vectors else None
+            if embedder is not None:
+                done["vector_rows"] = self._vectors(embedder, events, segments, turns, progress, batch, plain)
+            if self._rows_since_optimize >= OPTIMIZE_EVERY:
+                self._rows_since_optimize = 0
+                info = store.optimize_recall(embedder.model_id if embedder is not None else None)
+                if info.get("ann_built"):
+                    self.s._log("recall_index", ann_built=True, vector_rows=info.get("vector_rows"))
+            return done
+
+    def _vectors(self, embedder: Any, events: Sequence[Event], segments: Sequence[Segment],
+                 turns: dict[int, int], progress: Any, size: int = BATCH, plain: bool = True) -> int:
+        store, name, model_id = self.s.store, self.s.name, embedder.model_id
+        upto, seg_upto = store.recall_state(name, model_id)
+        todo = rows_for_events([e for e in events if e.uid > upto],
+                               next((e for e in reversed(events) if e.uid <= upto), None))
+        todo = sorted(todo + (plain_rows(todo) if plain else []), key=lambda r: (r["uid"], r["chunk"] < 0))
+        todo += [r for x in segments if x.id > seg_upto for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
+        written = 0
+        for i in range(0, len(todo), size):
+            if self._stop:  # closed: the watermark says where to resume
+                return written
+            self._yield_to_turn()
+            batch = todo[i:i + size]
+            try:
+                vectors = np.asarray(embedder([r["words"] for r in batch]), dtype=np.float32)
+                if not np.all(np.isfinite(vectors)):
+                    raise ValueError("the embedder returned NaN or infinity")
+            except Exception as exc:
+                self.failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                self.s._log("recall_index_failure", model=model_id, error=self.failed)
+                self._note(f"the embedder failed ({self.failed}); search uses full text only until the session "
+                           "is reopened; nothing is lost")
+                return written
+            store.index_vectors(model_id, [{k: r[k] for k in ("key", "session", "kind", "uid", "uid_to", "turn",
+                                                               "role", "chunk")} | {"vector": v.tolist()}
+                                            for r, v in zip(batch, vectors)])
+            written += len(batch)
+            # the watermark moves only past uids whose every chunk is written
+            done_events = [r["uid"] for r in batch if r["kind"] == "event"]
+            rest = todo[i + size:]
+            if done_events:
+                pending = min((r["uid"] for r in rest if r["kind"] == "event"), default=None)
+                upto = max(upto, max(done_events) if pending is None else min(max(done_events), pending - 1))
+            done_segs = {int(x.id) for x in segments
+                         if any(r["kind"] == "segment" and r["uid"] == x.uid_from for r in batch)}
+            if done_segs and not any(r["kind"] == "segment" for r in rest):
+                seg_upto = max([seg_upto, *done_segs])
+            store.save_recall_state(name, model_id, upto, seg_upto)
+            if progress is not None:
+                progress(i + len(batch), len(todo))
+        return written
+
+    def _yield_to_turn(self, limit_s: float = 60.0) -> None:
+        """Wait while the session is busy (a turn holds its lock): embedding competes for the same cores."""
+        if threading.current_thread() is not self._thread:
+            return
+        end = time.monotonic() + limit_s
+        while time.monotonic() < end and not self._stop:
+            if self.s._lock.acquire(blocking=False):
+                self.s._lock.release()
+                return
+            time.sleep(0.05)
+
+    def _note(self, text: str) -> None:
+        if text not in self.notices:
+            self.notices.append(text)
+
+    def progress(self, load: bool = True) -> dict[str, Any]:
+        """How much of the session is indexed: by full text, and by the current embedder (with
+        `load` False, only if the embedder is already loaded: `%mfs status` must stay instant)."""
+        store, name = self.s.store, self.s.name
+        v = self.s.verbatim
+        embedder = self.model() if load else (v._embedder if v._embedder_for == self.s.settings.embedding_model
+                                              and not self.failed else None)
+        text_upto, _ = store.recall_state(name, "")
+        vec_upto = store.recall_state(name, embedder.model_id)[0] if embedder is not None else 0
+        return {"last_uid": self.s.last_uid, "text_upto": text_upto, "vectors_upto": vec_upto if embedder else None,
+                "model": embedder.model_id if embedder is not None else None, "failed": self.failed}
+
+    # -- reading -----------------------------------------------------------------------------
+    def search(self, query: Any, k: Any = 10, *, role: str | Sequence[str] | None = None,
+               uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,
+               methods: Sequence[str] = ("fts", "vector")) -> Results:
+        """Hybrid search over this session's index. Bad input raises InputError with one line."""
+        query, k = S.check_query(query, k)
+        if not 0 <= int(neighbours) <= 5:
+            raise InputError(f"neighbours must be between 0 and 5 (got {neighbours})")
+        bad = [m for m in methods if m not in ("fts", "vector")]
+        if bad or not methods:
+            raise InputError(f"methods must be fts and/or vector, not {list(methods)!r}")
+        where = S.where(self.s.name, role, uid_from, uid_to)
+        notices: list[str] = []
+        progress = self.progress()
+        if progress["text_upto"] < self.s.last_uid:
+            self.kick(force=True)
+            notices.append(f"the index covers uids up to {progress['text_upto']} of {self.s.last_uid}; "
+                           "indexing continues in the background")
+        roles = [role] if isinstance(role, str) else list(role or [])
+        info: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, uid) -> its best row
+        ranked: dict[str, list[tuple[str, int]]] = {}
+        if "fts" in methods:
+            rows = self._fts(query, where)
+            complete = len(rows) < CANDIDATES  # every match came back: what did not scores nothing
+            ranked["fts"] = self._ranking(rows, info, roles, uid_from, uid_to, 0.0 if complete else None)
+        if "vector" in methods:
+            embedder = self.model()
+            if embedder is None:
+                why = self.failed or self.s.verbatim.off_reason or "no embedder"
+                notices.append(f"full-text search only: vectors are unavailable ({why})")
+            else:
+                found = self._vector(embedder, query, where)
+                if found is not None:
+                    ranked["vector"] = self._ranking(found, info, roles, uid_from, uid_to)
+                    if progress["vectors_upto"] < self.s.last_uid:
+                        notices.append(f"vectors cover uids up to {progress['vectors_upto']} of {self.s.last_uid}; "
+                                       "newer events are found by full text while vectors catch up")
+        notices += self.notices
+        names = list(ranked)
+        fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names], weights=[S.WEIGHTS[m] for m in names])
+        seg_texts = self.s.store.index_texts([info[(kd, u)]["key"] for kd, u in
+                                              (_item(x) for x, _ in fused[:k]) if kd == "segment"])
+        hits: list[Hit] = []
+        for key, score in fused[:k]:
+            kind, uid = _item(key)
+            via = tuple(m for m in names if (kind, uid) in ranked[m])
+            if kind == "segment":
+                r = info[(kind, uid)]
+                text = r.get("text") or seg_texts.get(r["key"], "")
+                hits.append(Hit(uid, "segment", int(r["turn"]), round(score, 5), S.snippet(text, query), kind,
+                                int(r["uid_to"]), via, self._around(uid, neighbours)))
+                continue
+            e = self._event(uid)
+            if e is None:
+                continue
+            hits.append(Hit(uid, e.role, e.turn, round(score, 5), S.snippet(event_text(e), query), kind, uid, via,
+                            self._around(uid, neighbours)))
+        return Results(hits, notices, tuple(names))
+
+    def _event(self, uid: int) -> Event | None:
+        """The event with this uid, from the session's log in memory (uids are dense from 1)."""
+        events = self.s._events
+        if 0 < uid <= len(events) and events[uid - 1].uid == uid:
+            return events[uid - 1]
+        return next((e for e in events if e.uid == uid), None)
+
+    def _ranking(self, rows: list[tuple[dict[str, Any], float]], info: dict[tuple[str, int], dict[str, Any]],
+                 roles: list[str], uid_from: int | None, uid_to: int | None, floor: float | None = None
+                 ) -> list[tuple[str, int]]:
+        """One method's rows (row, score; higher is better) as a ranking of (kind, uid): the best chunk
+        per item, events smoothed with their neighbours (search.smooth), segments as they scored."""
+        best: dict[tuple[str, int], float] = {}
+        for r, score in rows:
+            item = (r["kind"], int(r["uid"]))
+            if score > best.get(item, float("-inf")):
+                best[item] = score
+                info.setdefault(item, r)
+        if not best:
+            return []
+        floor = min(best.values()) if floor is None else floor
+        events = S.smooth({u: sc for (kd, u), sc in best.items() if kd == "event"}, floor=floor)
+        merged = [(("event", u), sc) for u, sc in events if self._admits(u, roles, uid_from, uid_to)]
+        merged += [((kd, u), sc - floor) for (kd, u), sc in best.items() if kd == "segment"]
+        merged.sort(key=lambda x: (-x[1], x[0][1]))
+        return [item for item, _ in merged[:CANDIDATES]]
+
+    def _admits(self, uid: int, roles: list[str], uid_from: int | None, uid_to: int | None) -> bool:
+        """A neighbour brought in by smoothing obeys the same filters as the search."""
+        e = self._event(uid)
+        return (e is not None and (not roles or e.role in roles) and (uid_from is None or uid >= uid_from)
+                and (uid_to is None or uid <= uid_to))
+
+    def _fts(self, query: str, where: str) -> list[tuple[dict[str, Any], float]]:
+        """Full-text rows: the word column for Latin words, the n-gram column for CJK runs (a mixed
+        query adds both scores)."""
+        out: list[tuple[dict[str, Any], float]] = []
+        latin, cjk = S.fts_query(S.latin_text(query)), S.cjk_text(query)
+        for text, is_cjk in ((latin, False), (cjk, True)):
+            if text:
+                out += [(r, float(r["_score"])) for r in self.s.store.search_text(where, text, is_cjk, CANDIDATES)]
+        return out
+
+    def _vector(self, embedder: Any, query: str, where: str) -> list[tuple[dict[str, Any], float]] | None:
+        try:
+            vector = self.query_vector(embedder, query)
+        except Exception as exc:
+            self._note(f"the embedder failed on the query ({type(exc).__name__}); full-text results only")
+            return None
+        found = self.s.store.search_vectors(embedder.model_id, where, vector.tolist(), CANDIDATES)
+        return [(r, 1.0 - float(r["_distance"])) for r in found]
+
+    def query_vector(self, embedder: Any, query: str) -> np.ndarray:
+        """The query's vector (e5 queries take their own prefix); the last few hundred are kept."""
+        key = (embedder.model_id, query)
+        if key not in self._queries:
+            self.embed_queries(embedder, [query])
+        return self._queries[key]
+
+    def embed_queries(self, embedder: Any, queries: Sequence[str], keep: int = 512) -> None:
+        """Embed queries in one call and keep them (a benchmark asks many at once)."""
+        inner = getattr(embedder, "inner", embedder)
+        embed_query = getattr(inner, "embed_query", None) or getattr(inner, "embed", None) or embedder
+        if len(self._queries) + len(queries) > keep:
+            self._queries.clear()
+        for q, v in zip(queries, np.asarray(embed_query(list(queries)), dtype=np.float32)):
+            self._queries[(embedder.model_id, q)] = v
+
+    def _around(self, uid: int, n: int) -> tuple[dict[str, Any], ...]:
+        if n <= 0:
+            return ()
+        events = self.s._events
+        lo, hi = uid - n, uid + n
+        return tuple({"uid": e.uid, "role": e.role, "turn": e.turn, "content": e.content}
+                     for e in events if lo <= e.uid <= hi)
+
+
+def _lower_priority() -> None:
+    """Run this thread (and the threads it starts) at the lowest CPU priority, where the OS allows."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: per thread
+    except (AttributeError, OSError):
+        pass
+
+
+def _item(key: str) -> tuple[str, int]:
+    kind, _, uid = key.partition(":")
+    return kind, int(uid)

@@ -1,0 +1,250 @@
+"""Recall by meaning (DESIGN §5): the pure half — what gets indexed, fusion, snippets, keywords.
+
+No LanceDB, no model here. `index.py` feeds these functions with what the store and the embedder
+return; the same functions serve the tool, the magic, the CLI and the benchmark.
+
+- `chunks` cuts one event into the rows that are indexed (the embedder reads ~600 chars, so a
+  long tool result or an attached document becomes several rows of one uid);
+- `cjk_text` keeps the CJK runs of a text for the n-gram full-text column (the word tokenizer
+  sees a Chinese sentence as one over-long token and drops it);
+- `fuse` is reciprocal-rank fusion of any number of ranked lists;
+- `snippet` is the window of a text around the query's terms;
+- `keywords` are the few topic words a segment header lists, chosen deterministically.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import InputError
+
+CHUNK_CHARS = 600  # what the embedder reads of one text (embed.MAX_CHARS)
+CONTEXT_CHARS = 300  # the end of the event before, indexed with an event's words
+MAX_CHUNKS = 32  # rows per event; the rest of a huge result is still in the log, by uid
+# Fusion and smoothing constants, chosen on the LoCoMo evidence benchmark (`mfs-nb bench recall`):
+# a small k lets each method's top ranks count (a search answers with ten hits, not a hundred);
+# a hit's neighbour adds half its (floored) score.
+RRF_K = 10
+WEIGHTS = {"fts": 1.0, "vector": 1.0}
+NEIGHBOUR_SHARE = 0.5
+MAX_QUERY_CHARS = 2_000
+MAX_K = 100
+SNIPPET_CHARS = 240
+
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9_'-]{2,}")
+# Words that say nothing about a topic (English function words and chat filler).
+_STOPWORDS = """
+about above after again also although always among another anyone anything around because been before
+being below between both cannot could does doing done down during each either else even ever every
+from further going gonna have having here hers herself himself into itself just know like made make
+many maybe more most much must myself need never none once only other ought ours ourselves over
+really right same shall should since some something such than that thats their theirs them
+themselves then there these they thing things think this those though through thus together too
+under until upon very want was wasn were weren what whatever when where whether which while who
+whom whose will with within without would yeah yes you your yours yourself yourselves the and
+for are but not all any can had has her him his how its let may our out own she too use
+used using get got did way well still back just okay sure thanks thank hey hello great good
+"""
+STOP = frozenset(_STOPWORDS.split())
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: where it is in the log, how well it matched, and a bit of its text."""
+
+    uid: int
+    role: str
+    turn: int
+    score: float
+    snippet: str
+    kind: str = "event"  # event | segment
+    uid_to: int = 0  # a segment's last uid (its range is uid..uid_to)
+    via: tuple[str, ...] = ()  # which methods found it: fts, vector
+    neighbours: tuple[dict[str, Any], ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def line(self) -> str:
+        """One line for the model or a terminal: where, who, score, snippet."""
+        where = f"#{self.uid}" if self.kind == "event" else f"segment #{self.uid}–{self.uid_to}"
+        return f"[{where} {self.role} · turn {self.turn} · {self.score:.3f}] {self.snippet}"
+
+
+@dataclass
+class Results:
+    """Hits plus what the caller should know about how they were found."""
+
+    hits: list[Hit]
+    notices: list[str] = field(default_factory=list)
+    methods: tuple[str, ...] = ()
+
+    def __iter__(self) -> Any:
+        return iter(self.hits)
+
+    def __len__(self) -> int:
+        return len(self.hits)
+
+    def __getitem__(self, i: int) -> Hit:
+        return self.hits[i]
+
+
+def check_query(query: Any, k: Any) -> tuple[str, int]:
+    """A usable query and k, or InputError with one line. Long queries are cut, k is capped."""
+    if isinstance(query, bytes):
+        try:
+            query = query.decode("utf-8")
+        except UnicodeDecodeError:
+            raise InputError("the search query is not UTF-8 text; search for words") from None
+    if not isinstance(query, str):
+        raise InputError(f"the search query must be text, not {type(query).__name__}")
+    query = " ".join(query.replace("\x00", " ").split())
+    if not query:
+        raise InputError("the search query is empty: say what to look for, e.g. recall_search('pool size')")
+    if isinstance(k, bool) or not isinstance(k, (int, float, str)):
+        raise InputError(f"k must be a whole number, not {k!r}")
+    try:
+        kk = int(k)
+    except (TypeError, ValueError):
+        raise InputError(f"k must be a whole number, not {k!r}") from None
+    if kk < 1:
+        raise InputError(f"k must be at least 1 (got {kk})")
+    return query[:MAX_QUERY_CHARS], min(kk, MAX_K)
+
+
+def chunks(text: str, size: int = CHUNK_CHARS, limit: int = MAX_CHUNKS) -> list[str]:
+    """The indexed pieces of one text: whole when short, else cuts at whitespace near `size`."""
+    text = text.strip()
+    if len(text) <= size:
+        return [text] if text else []
+    out: list[str] = []
+    start = 0
+    while start < len(text) and len(out) < limit:
+        end = min(len(text), start + size)
+        if end < len(text):
+            space = text.rfind(" ", start + size // 2, end)
+            end = space if space > start else end
+        out.append(text[start:end].strip())
+        start = end
+    return [c for c in out if c]
+
+
+def cjk_text(text: str) -> str:
+    """The CJK runs of a text, space-separated (what the n-gram full-text column holds)."""
+    return " ".join(_CJK.findall(text))
+
+
+def has_cjk(text: str) -> bool:
+    return bool(_CJK.search(text))
+
+
+def latin_text(text: str) -> str:
+    """The text without its CJK runs (what the word full-text column is queried with)."""
+    return " ".join(_CJK.sub(" ", text).split())
+
+
+def context_tail(text: str, chars: int = CONTEXT_CHARS) -> str:
+    """The last `chars` characters of a text, starting at a word."""
+    text = " ".join(text.split())
+    if len(text) <= chars:
+        return text
+    cut = text[-chars:]
+    return cut[cut.find(" ") + 1:] if " " in cut else cut
+
+
+# Question words and other function words a full-text query gains nothing from.
+_QUERY_WORDS = """a an and are as at be by did do does for from had has have he her his how i in is it its
+me my of on or she that the their them they this to was we were what when where which who whom why will with
+would could should you your about"""
+_QUERY_STOP = frozenset(_QUERY_WORDS.split())
+
+
+def fts_query(text: str) -> str:
+    """Words only (punctuation means query syntax to a full-text engine, and a user means none),
+    without question and function words unless nothing else is left."""
+    words = re.findall(r"\w+", text)
+    content = [w for w in words if w.lower() not in _QUERY_STOP]
+    return " ".join(content or words)[:MAX_QUERY_CHARS]
+
+
+def fuse(ranked: Sequence[Sequence[str]], k: int = RRF_K, weights: Sequence[float] | None = None
+         ) -> list[tuple[str, float]]:
+    """Reciprocal-rank fusion: list i votes weights[i]/(k + rank) for its keys; ties by first seen."""
+    score: dict[str, float] = {}
+    for i, lst in enumerate(ranked):
+        w = 1.0 if weights is None else weights[i]
+        for rank, key in enumerate(lst):
+            score[key] = score.get(key, 0.0) + w / (k + rank + 1)
+    order = {key: i for i, key in enumerate(dict.fromkeys(x for lst in ranked for x in lst))}
+    return sorted(score.items(), key=lambda kv: (-kv[1], order[kv[0]]))
+
+
+def smooth(scores: dict[int, float], share: float = NEIGHBOUR_SHARE, floor: float | None = None
+           ) -> list[tuple[int, float]]:
+    """Candidates (uid -> score, higher is better) re-ranked with their neighbours: each score,
+    less the lowest candidate's, plus `share` of the better of uid-1 and uid+1. The neighbours of a
+    candidate join the ranking too: an answer often sits right after the turn that matched.
+    Only the candidates are known, so this needs no scan of the log; `floor` is the score of what
+    was not returned (default: the lowest candidate's)."""
+    if not scores:
+        return []
+    floor = min(scores.values()) if floor is None else floor
+    base = {u: s - floor for u, s in scores.items()}
+    pool = set(base) | {u + d for u in base for d in (-1, 1) if u + d > 0}
+    out = {u: base.get(u, 0.0) + share * max(base.get(u - 1, 0.0), base.get(u + 1, 0.0)) for u in pool}
+    return sorted(out.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def snippet(text: str, query: str, width: int = SNIPPET_CHARS) -> str:
+    """About `width` chars of `text` around the first query term it contains, on one line."""
+    flat = " ".join(text.split())
+    if len(flat) <= width:
+        return flat
+    terms = [t.lower() for t in re.findall(r"\w+", query) if len(t) > 2] + _CJK.findall(query)
+    low = flat.lower()
+    at = min((p for p in (low.find(t) for t in terms) if p >= 0), default=0)
+    start = max(0, min(at - width // 3, len(flat) - width))
+    out = flat[start:start + width]
+    return ("…" if start else "") + out + ("…" if start + width < len(flat) else "")
+
+
+def keywords(texts: Iterable[str], n: int = 6) -> list[str]:
+    """A few topic words of a range, deterministically: frequent content words (and CJK bigrams)
+    that appear in more than one place weigh more; ties break alphabetically."""
+    counts: Counter[str] = Counter()
+    spread: Counter[str] = Counter()
+    for text in texts:
+        words = [w.lower().strip("'-") for w in _WORD.findall(text)]
+        words = [w for w in words if w not in STOP and len(w) > 3 and not w.isdigit()]
+        grams = [run[i:i + 2] for run in _CJK.findall(text) for i in range(len(run) - 1)]
+        terms = words + grams
+        counts.update(terms)
+        spread.update(set(terms))
+    scored = sorted(counts, key=lambda w: (-(counts[w] * (1 + math.log(spread[w]))), w))
+    return scored[:n]
+
+
+def where(session: str, role: str | Sequence[str] | None = None, uid_from: int | None = None,
+          uid_to: int | None = None) -> str:
+    """The filter of a search as a SQL predicate (session always; role and uid range when given)."""
+    def q(v: str) -> str:
+        return "'" + v.replace("'", "''") + "'"
+
+    parts = [f"session = {q(session)}"]
+    roles = [role] if isinstance(role, str) else list(role or [])
+    if roles:
+        bad = [r for r in roles if r not in ("user", "assistant", "tool", "segment")]
+        if bad:
+            raise InputError(f"role must be user, assistant, tool or segment, not {bad[0]!r}")
+        parts.append(f"role IN ({', '.join(q(r) for r in roles)})")
+    if uid_from is not None:
+        parts.append(f"uid >= {int(uid_from)}")
+    if uid_to is not None:
+        parts.append(f"uid <= {int(uid_to)}")
+    return " AND ".join(parts)

@@ -1,0 +1,318 @@
+"""Recall by meaning (DESIGN §5): index on write, full text (English and Chinese), vectors, hybrid
+search, the recall_search tool, pagination of memory-tool results and their S2 exemption."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from conftest import FakeLLM
+
+from mfs_nb import Session
+from mfs_nb import search as S
+from mfs_nb.clearing import Clearing, apply
+from mfs_nb.errors import InputError
+from mfs_nb.llm import Completion
+from mfs_nb.store import Store, recall_vectors_name
+from mfs_nb.tools import call_tool
+from mfs_nb.track import CachedEmbedder
+
+
+def _call(name: str, args: dict, n: int = 1) -> Completion:
+    return Completion("", [{"id": f"c{n}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}],
+                      {"prompt_tokens": 10, "completion_tokens": 5}, "primary", "fake")
+
+
+# -- pure helpers ---------------------------------------------------------------------------------
+def test_fuse_rewards_agreement_and_is_deterministic():
+    fused = S.fuse([["a", "b", "c"], ["c", "a", "d"]])
+    assert [k for k, _ in fused] == ["a", "c", "b", "d"]
+    assert S.fuse([["x", "y"], ["y", "x"]]) == S.fuse([["x", "y"], ["y", "x"]])
+
+
+def test_check_query_bad_input_gets_one_line_errors():
+    for bad in ("", "   ", b"\xff\xfe", None, 3):
+        with pytest.raises(InputError):
+            S.check_query(bad, 5)
+    for k in (0, -1, "x", True):
+        with pytest.raises(InputError):
+            S.check_query("pool", k)
+    q, k = S.check_query("x" * 1_000_000, 10**9)
+    assert len(q) == S.MAX_QUERY_CHARS and k == S.MAX_K
+
+
+def test_chunks_cjk_and_keywords():
+    long = " ".join(f"word{i}" for i in range(400))
+    parts = S.chunks(long)
+    assert len(parts) > 1 and all(len(p) <= S.CHUNK_CHARS for p in parts)
+    assert " ".join(parts).split() == long.split()  # nothing dropped between chunks
+    assert S.cjk_text("book 故宫 hotel 酒店!") == "故宫 酒店"
+    texts = ["The connection pool for billing keeps timing out", "billing pool again: raise the pool limit",
+             "We could also move billing to its own database"]
+    assert S.keywords(texts, 3) == S.keywords(list(texts), 3)
+    assert S.keywords(texts, 2) == ["billing", "pool"]
+    assert "我想" in S.keywords(["我想订酒店", "我想去故宫"], 3)
+
+
+def test_snippet_centres_on_the_query_terms():
+    text = "filler " * 100 + "the vault code is kept by Maria" + " filler" * 100
+    snip = S.snippet(text, "who keeps the vault code")
+    assert "vault code" in snip and len(snip) <= S.SNIPPET_CHARS + 2
+
+
+# -- the index and search (full text; the embedder switched off keeps these fast) ---------------------
+def _fts_session(store_dir: str, name: str = "s") -> Session:
+    return Session(name, store=store_dir, recall_index=True, embedding_model="off", llm=FakeLLM())
+
+
+def test_index_on_write_and_full_text_in_english_and_chinese(store_dir):
+    s = _fts_session(store_dir)
+    s.record("user", "The connection pool of the billing service should hold 30 connections", new_turn=True)
+    s.record("assistant", "Noted: pool size 30 for billing.")
+    s.record("user", "我想订一家北京的酒店，最好靠近故宫", new_turn=True)
+    s.record("assistant", "好的，我帮您找故宫附近的酒店。")
+    s.record("tool", "weather: sunny", name="weather")
+    assert s.indexer.wait(60)
+    hits = s.search("billing pool", 5)
+    assert hits[0].uid in (1, 2) and {h.uid for h in hits[:2]} == {1, 2}
+    assert hits[0].role in ("user", "assistant") and hits[0].turn == 1 and "pool" in hits[0].snippet.lower()
+    zh = s.search("故宫附近的酒店", 3)
+    assert {h.uid for h in zh[:2]} == {3, 4}
+    assert any("full-text search only" in n for n in zh.notices)  # the embedder is off: said, not hidden
+    assert [h.uid for h in s.search("pool", 5, role="user")] == [1]
+    assert s.search("pool", 5, uid_from=2)[0].uid == 2
+    with_context = s.search("weather sunny", 1, neighbours=1)[0]
+    assert with_context.uid == 5 and [n["uid"] for n in with_context.neighbours] == [4, 5]
+
+
+def test_restart_resumes_and_nothing_is_indexed_twice(store_dir):
+    s = _fts_session(store_dir)
+    for i in range(6):
+        s.record("user", f"message number {i} about topic{i}", new_turn=True)
+    s.indexer.wait(60)
+    s.indexer.close()
+    store = Store(store_dir)
+    store.append_events([], "x")
+    again = _fts_session(store_dir)  # opening resumes; then more events arrive
+    again.record("user", "a late message about topic9", new_turn=True)
+    again.indexer.wait(60)
+    assert again.store.recall_state("s", "")[0] == 7
+    rows = again.store._recall_text().search().where("session = 's'").limit(None).to_list()
+    assert sorted(r["uid"] for r in rows) == list(range(1, 8))  # each uid once
+    assert again.search("topic9", 1)[0].uid == 7
+
+
+def test_session_without_index_yet_answers_from_what_is_indexed_and_says_so(store_dir):
+    s = Session("cold", store=store_dir, recall_index=False, embedding_model="off", llm=FakeLLM())
+    s.record("user", "the deploy key rotates every ninety days", new_turn=True)
+    found = s.search("deploy key", 3)
+    assert any("index covers uids up to 0 of 1" in n for n in found.notices)
+    s.indexer.wait(60)  # the search woke the indexer
+    assert s.search("deploy key", 3)[0].uid == 1
+
+
+def test_bad_queries_leave_the_session_usable(store_dir):
+    s = _fts_session(store_dir)
+    s.record("user", "hello there, the pool is 30", new_turn=True)
+    s.indexer.wait(60)
+    for bad in ("", b"\x00\xff"):
+        with pytest.raises(InputError):
+            s.search(bad)
+    assert s.search("?!*:(", 3) is not None  # punctuation only: no crash
+    assert s.search("x" * 1_000_000, 10**9) is not None
+    assert s.search("完全不同的语言", 3) is not None
+    assert call_tool(s.tools, "recall_search", '{"query": ""}').startswith("error: the search query is empty")
+    assert call_tool(s.tools, "recall_search", '{"query": "pool", "k": 0}').startswith("error: k must be")
+    assert s.search("pool", 3)[0].uid == 1
+
+
+# -- vectors: written once, read back, never mixed -------------------------------------------------
+class _Embedder:
+    """Deterministic 8-d vectors from character counts (enough to rank; no model to load)."""
+
+    def __init__(self, model_id: str = "fake/8d", fail: bool = False):
+        self.model_id, self.fail, self.calls = model_id, fail, 0
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("model crashed")
+        rows = np.array([[t.lower().count(c) + 0.01 for c in "aeioustr"] for t in texts], dtype=np.float32)
+        return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def test_vectors_are_stored_per_model_and_the_classifier_reads_them(store_dir, monkeypatch):
+    s = _fts_session(store_dir)
+    emb = _Embedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    s.record("user", "tea and toast at sunrise", new_turn=True)
+    s.record("assistant", "zzz")
+    s.record("user", "coffee at noon", new_turn=True)
+    s.indexer.catch_up()
+    assert s.store.recall_state("s", "fake/8d")[0] == 3
+    stored = s.store.stored_vectors("fake/8d", "s", [1, 2, 3])  # user messages' own words
+    assert set(stored) == {1, 3} and np.allclose(stored[3], emb(["coffee at noon"])[0])
+    calls = emb.calls
+    s.indexer.catch_up()
+    assert emb.calls == calls  # nothing embedded twice
+
+    class NoEmbedding:
+        model_id = "fake/8d"
+
+        def embed(self, texts):
+            raise AssertionError(f"embedded again: {texts}")
+
+    cached = CachedEmbedder(NoEmbedding())  # the classifier's embedder reads the stored vectors
+    s.verbatim._preload(cached, [e for e in s.events if e.role == "user"], s.events)
+    assert np.allclose(cached(["coffee at noon", "tea and toast at sunrise"]), [stored[3], stored[1]])
+    other = _Embedder("fake/other")
+    monkeypatch.setattr(s.indexer, "model", lambda: other)
+    s.indexer.catch_up()  # a new embedder: its own table, filled from the start
+    assert s.store.recall_state("s", "fake/other")[0] == 3
+    assert recall_vectors_name("fake/8d") != recall_vectors_name("fake/other")
+    hits = s.search("toast", 2)
+    assert hits.methods == ("fts", "vector") and hits[0].uid == 1
+
+
+def test_failing_embedder_falls_back_to_full_text_and_loses_nothing(store_dir, monkeypatch):
+    s = _fts_session(store_dir)
+    broken = _Embedder(fail=True)
+    monkeypatch.setattr(s.indexer, "model", lambda: None if s.indexer.failed else broken)
+    s.record("user", "the invoice number is on the blue folder", new_turn=True)
+    s.indexer.catch_up()
+    assert s.indexer.failed and any(r["kind"] == "recall_index_failure" for r in s.ledger())
+    found = s.search("blue folder", 3)
+    assert found[0].uid == 1 and any("embedder failed" in n for n in found.notices)
+    assert s.store.recall_state("s", "fake/8d") == (0, 0)  # vectors not marked done: a restart retries
+
+
+# -- the tool, pagination and S2 ----------------------------------------------------------------------
+def test_memory_tool_results_are_paginated_and_not_trimmed_by_s2(store_dir):
+    s = Session("page", store=store_dir, window_tokens=8192, recall_index=False, llm=FakeLLM())
+    for i in range(40):
+        s.record("user", f"line {i}: " + "detail " * 60, new_turn=True)
+    page = s._recall_tool(1, 40)
+    assert len(page) < 40 * 400 and "call recall_history(" in page  # bounded, with the way to the rest
+    calls = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "r", "type": "function", "function": {"name": "recall_history", "arguments": "{}"}},
+        {"id": "o", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}]}
+    items = [(calls, 41), ({"role": "tool", "tool_call_id": "r", "content": page}, 42),
+             ({"role": "tool", "tool_call_id": "o", "content": page}, 43)]
+    out, _ = apply(items, Clearing(trim_chars=1_000))
+    assert out[1][0]["content"] == page and out[1][2] == "full"  # the recall stays whole
+    assert out[2][2] == "trimmed"  # any other tool's result of that size is trimmed
+
+
+def test_model_fetches_a_fact_from_a_compacted_range_by_search_then_recall(store_dir):
+    """Given only the payload and the two recall tools, the (scripted) model finds the fact."""
+    fake = FakeLLM(default="Noted.")
+    s = Session("fetch", store=store_dir, window_tokens=4096, llm=fake, background_compaction=False,
+                recall_index=True, embedding_model="off", verbatim_share=0, fact_share=0)
+    s.chat("Before we start on the pool work, a family note you must remember for later: "
+           "the cat of my grandmother is called Biscuit.")
+    i = 0
+    while not any(x.uid_from <= 1 <= x.uid_to for x in s.compactor.segments):
+        s.chat(f"Turn {i}: the pool for service-{i % 7} should stay under {20 + i % 10} connections. " * 4)
+        i += 1
+        assert i < 80, "the first turn was never compacted"
+    s.indexer.wait(60)
+
+    def search(messages):
+        assert "Biscuit" not in json.dumps(messages)  # the fact is no longer in the payload
+        return _call("recall_search", {"query": "name of my grandmother's cat", "k": 3}, 1)
+
+    def read(messages):  # the first hit that is not the question being asked
+        hits = re.findall(r"\[#(\d+) [^\]]*\] (.*)", messages[-1]["content"])
+        uid = next(int(u) for u, text in hits if "What is my grandmother" not in text)
+        return _call("recall_history", {"uid_from": uid}, 2)
+
+    def answer(messages):
+        name = re.search(r"is called (\w+)", messages[-1]["content"])
+        return f"Your grandmother's cat is called {name.group(1)}." if name else "I could not find it."
+
+    fake.script = [search, read, answer]
+    reply = s.chat("What is my grandmother's cat called?")
+    assert reply.text == "Your grandmother's cat is called Biscuit."
+    offered = {t["function"]["name"] for t in fake.tools_seen[-3]}
+    assert {"recall_history", "recall_search"} <= offered
+
+
+# -- interfaces: CLI, %recall "text", the widget, segment headers ---------------------------------
+def test_cli_search_prints_hits_and_json(store_dir, capsys):
+    from mfs_nb.cli import main
+
+    s = _fts_session(store_dir, "cli")
+    s.record("user", "the staging database lives on port 5433", new_turn=True)
+    s.record("assistant", "ok, 5433 for staging")
+    s.indexer.close()
+    assert main(["search", "--store", store_dir, "--session", "cli", "staging database", "--k", "1"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and out[0].startswith("[#1 user · turn 1 · ")
+    assert main(["search", "--store", store_dir, "--session", "cli", "5433", "--json"]) == 0
+    hits = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert {h["uid"] for h in hits} == {1, 2} and all({"uid", "role", "turn", "score", "snippet"} <= set(h) for h in hits)
+    assert main(["search", "--store", store_dir, "--session", "nope", "x"]) == 2
+    assert "no session 'nope'" in capsys.readouterr().err
+    assert main(["search", "--store", store_dir, "--session", "cli", "   "]) == 2
+    assert "query is empty" in capsys.readouterr().err
+
+
+def test_recall_magic_searches_quoted_text_and_keeps_uids(tmp_path, monkeypatch, capsys):
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    monkeypatch.setenv("MFS_STORE", str(tmp_path / "nb"))
+    monkeypatch.setenv("MFS_RECALL_INDEX", "true")
+    cfg = Config()
+    cfg.HistoryManager.enabled = False
+    ip = InteractiveShell(config=cfg)
+    try:
+        ip.run_line_magic("load_ext", "mfs_nb")
+        ip.run_line_magic("mfs", "config embedding_model=off")
+        ip.run_cell_magic("chat", "", "Remember that the backup bucket is called cold-archive.")
+        capsys.readouterr()
+        session = ip.magics_manager.registry["MfsMagics"].get_session()
+        session.indexer.wait(60)
+        ip.run_line_magic("recall", '"backup bucket"')
+        out = capsys.readouterr().out
+        assert "[#1 user · turn 1 · " in out and "cold-archive" in out
+        ip.run_line_magic("recall", "1")  # numbers keep meaning uids
+        assert "[#1 user · turn 1]\nRemember that the backup bucket" in capsys.readouterr().out
+        ip.run_line_magic("recall", '""')
+        assert "query is empty" in capsys.readouterr().err
+    finally:
+        InteractiveShell.clear_instance()
+
+
+def test_recall_widget_answers_search_and_recall_messages(store_dir):
+    from mfs_nb.ui.data import recall_data
+    from mfs_nb.ui.recall import RecallView, search_data
+
+    s = _fts_session(store_dir, "w")
+    s.record("user", "the <b>deploy</b> key rotates monthly", new_turn=True)
+    s.indexer.wait(60)
+    view = RecallView(data=search_data(s.search("deploy key")), search=lambda q: search_data(s.search(q)),
+                      recall=lambda uid: recall_data(s.recall(uid))["events"])
+    assert "<b>" not in view.html() and "&lt;b&gt;" in view.html()
+    sent: list = []
+    view.send = sent.append  # type: ignore[method-assign]
+    view._on_message(view, {"type": "search", "query": "rotates"})
+    view._on_message(view, {"type": "search", "query": ""})
+    view._on_message(view, {"type": "recall", "uid": 1})
+    assert sent[0]["type"] == "search_result" and sent[0]["hits"][0]["uid"] == 1
+    assert sent[1]["type"] == "search_result" and "empty" in sent[1]["error"]
+    assert sent[2]["events"][0]["content"] == "the <b>deploy</b> key rotates monthly"
+
+
+def test_segment_headers_list_topic_keywords(store_dir):
+    from mfs_nb.events import Event
+    from mfs_nb.segments import build
+
+    events = [Event(1, "s", 1, "user", "The billing service connection pool keeps timing out under load"),
+              Event(2, "s", 1, "assistant", "Raise the billing pool limit to 30 and add retries to billing calls"),
+              Event(3, "s", 2, "tool", "pool pool pool pool pool stacktrace stacktrace")]
+    seg = build(1, events, "- fixed the pool")
+    assert seg.render().splitlines()[0] == "[segment #1 · uids 1–3 · topics: billing, pool, calls, connection, keeps]"
+    assert build(1, events, "- fixed the pool").render() == seg.render()  # deterministic
