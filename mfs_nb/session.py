@@ -128,6 +128,7 @@ class Session:
         self._events: list[Event] = self.store.load_events(name)
         self._meter = Meter.from_json(meta.get("anchor"))
         self.history: list[dict[str, Any]] = list((meta.get("anchor") or {}).get("history") or [])
+        self._breaker: dict[str, Any] | None = (meta.get("anchor") or {}).get("breaker")
         ledger = self.store.load_ledger(name)
         self._ledger_seq = len(ledger)
         last_clearing = next((r for r in reversed(ledger) if r["kind"] == "clearing"), None)
@@ -139,9 +140,12 @@ class Session:
         self.last_plan: CallPlan | None = None
         self._injected_llm = llm
         self._llm: ChatModel | None = llm
+        self._summarizer: ChatModel | None = None
         self._window: int | None = None
         self.tools: dict[str, Tool] = {}
         self.register_tool(Tool("recall_history", RECALL_DESCRIPTION, RECALL_SCHEMA, self._recall_tool))
+        if self.settings.window_tokens:  # validated before anything is saved
+            self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
         if explicit or not meta:
             self._save_meta()
         # S2 boundaries are declared by clearing rows in the ledger; the newest one is in force.
@@ -151,22 +155,18 @@ class Session:
         self.compactor = Compactor(self)
         self._raw_cache = RawCache()
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
-        if self.settings.window_tokens:
-            self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
 
     # -- configuration ---------------------------------------------------------------------
     def configure(self, **values: Any) -> Settings:
         """Validate and apply settings; on any error nothing changes. Saved with the session."""
         with self._lock:
             new = self.settings.with_values(**values)
-            if new.fallback_model and not os.environ.get("MFS_FALLBACK_API_KEY"):
-                raise ConfigError("a fallback endpoint needs MFS_FALLBACK_API_KEY in the environment (keys are never saved)")
             window = _window_for(new)
             self._check_overhead(_profile(window, new), new)
             self.settings, self._window = new, window
             self._saved.update({k: getattr(new, k) for k in values})
             if self._injected_llm is None:
-                self._llm = None  # rebuilt with the new endpoints on the next call
+                self._llm = self._summarizer = None  # rebuilt with the new endpoints on the next call
             self._save_meta()
             return new
 
@@ -176,10 +176,24 @@ class Session:
     @property
     def llm(self) -> ChatModel:
         if self._llm is None:
-            s = self.settings
-            primary, fallback = default_endpoints(s.model, s.api_base, s.fallback_model, s.fallback_base_url)
-            self._llm = LLM(primary, fallback, timeout_s=s.timeout_s)
+            self._llm = self._new_llm("chat")
         return self._llm
+
+    @property
+    def summarizer(self) -> ChatModel:
+        """The summarizer's client: the same endpoints with health of its own, so its failures
+        never move the chat to the fallback (an injected model serves both)."""
+        if self._injected_llm is not None:
+            return self._injected_llm
+        if self._summarizer is None:
+            self._summarizer = self._new_llm("summarizer")
+        return self._summarizer
+
+    def _new_llm(self, use: str) -> LLM:
+        s = self.settings
+        primary, fallback = default_endpoints(s.model, s.api_base, s.fallback_model, s.fallback_base_url)
+        return LLM(primary, fallback, timeout_s=s.timeout_s, use=use,
+                   on_switch=lambda kind, data: self._log(kind, **data))
 
     @property
     def window(self) -> int:
@@ -500,7 +514,10 @@ class Session:
                     break
                 for call in completion.tool_calls:
                     fn = call.get("function") or {}
-                    result = call_tool(self.tools, fn.get("name", ""), fn.get("arguments", ""))
+                    try:
+                        result = call_tool(self.tools, fn.get("name", ""), fn.get("arguments", ""))
+                    except Exception as exc:  # pairing never breaks: every call gets a result event
+                        result = f"error: the tool call could not be executed ({type(exc).__name__})"
                     event = self.record("tool", result, tool_call_id=call["id"], name=fn.get("name", ""))
                     uids.append(event.uid)
             assert completion is not None
@@ -626,7 +643,8 @@ class Session:
 
     def _save_meta(self) -> None:
         self.store.save_meta(self.name, settings=self._saved,
-                             anchor={**self._meter.to_json(), "history": self.history[-HISTORY:]})
+                             anchor={**self._meter.to_json(), "history": self.history[-HISTORY:],
+                                     "breaker": self._breaker})
 
     def status(self) -> dict[str, Any]:
         """What `%mfs status` shows."""
@@ -641,6 +659,8 @@ class Session:
             "turns": self.turn,
             "usage": usage.to_json(),
             "endpoint": llm.describe() if isinstance(llm, LLM) else type(llm).__name__,
+            "summarizer": self.summarizer.describe() if isinstance(self.summarizer, LLM) else type(llm).__name__,
+            "breaker": self.compactor.breaker_line(),
             "settings": self.settings.public(),
         }
 

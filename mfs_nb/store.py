@@ -85,6 +85,19 @@ COMPACTIONS_SCHEMA = pa.schema(
     ]
 )
 
+# The compaction lease (lease.py): claim / renew / release rows, appended only.
+LEASES_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("session", pa.string()),
+        ("claim", pa.string()),
+        ("kind", pa.string()),
+        ("owner", pa.string()),
+        ("expires", pa.float64()),
+        ("time", pa.string()),
+    ]
+)
+
 VERBATIM_SCHEMA = pa.schema(
     [
         ("key", pa.string()),
@@ -162,6 +175,7 @@ class Store:
             self._ledger = self._table("ledger", LEDGER_SCHEMA)
             self._compactions = self._table("compactions", COMPACTIONS_SCHEMA)
             self._verbatim = self._table("verbatim", VERBATIM_SCHEMA)
+            self._leases = self._table("leases", LEASES_SCHEMA)
         except StoreError:
             raise
         except Exception as exc:  # lancedb raises many types; the user needs one line
@@ -321,6 +335,25 @@ class Store:
         order = {"started": 0, "summary_completed": 1, "declared": 2, "finished": 3, "aborted": 3}
         rows.sort(key=lambda r: (r["seq"], order.get(r["phase"], 9)))
         return [{"seq": r["seq"], "phase": r["phase"], "time": r["time"], **json.loads(r["data"])} for r in rows]
+
+    # -- the compaction lease (lease.py) ----------------------------------------------------
+    def append_lease(self, session: str, claim: str, kind: str, owner: str, expires: float, n: int = 0) -> None:
+        row = {"key": f"{session}\x1f{claim}\x1f{kind}\x1f{n}", "session": session, "claim": claim, "kind": kind,
+               "owner": owner, "expires": float(expires), "time": now_iso()}
+        with self._lock:
+            try:
+                (
+                    self._leases.merge_insert("key")
+                    .when_not_matched_insert_all()
+                    .execute(pa.Table.from_pylist([row], schema=LEASES_SCHEMA))
+                )
+            except Exception as exc:
+                raise StoreError(f"cannot write the compaction lock (table leases) at {self.uri}: {exc}") from exc
+
+    def load_leases(self, session: str) -> list[dict[str, Any]]:
+        if not self._leases.count_rows():
+            return []
+        return self._leases.search().where(f"session = {_quote(session)}").limit(None).to_list()
 
     # -- ledger ---------------------------------------------------------------------------
     def append_ledger(self, session: str, seq: int, kind: str, data: dict[str, Any], writer: str = "") -> dict[str, Any]:
