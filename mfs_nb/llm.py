@@ -371,6 +371,22 @@ def _one_line(exc: BaseException, endpoint: Endpoint) -> str:
     return text[:300] + ("…" if len(text) > 300 else "")
 
 
+def _transport_failure(exc: BaseException, reason: str) -> str:
+    """'timeout' or 'connection error' when no HTTP answer came (litellm may wrap these in a 500)."""
+    seen: BaseException | None = exc
+    names = []
+    for _ in range(8):
+        if seen is None:
+            break
+        names.append(type(seen).__name__)
+        seen = seen.__cause__ or seen.__context__
+    if any("Timeout" in n for n in names) or re.search(r"\btimed? ?out\b", reason, re.I):
+        return "timeout"
+    if any("Connect" in n for n in names) or re.search(r"connection (?:error|refused|reset)|cannot connect", reason, re.I):
+        return "connection error"
+    return ""
+
+
 def _classify(exc: Exception, endpoint: Endpoint) -> Exception:
     name = type(exc).__name__
     status = getattr(exc, "status_code", None)
@@ -380,8 +396,9 @@ def _classify(exc: Exception, endpoint: Endpoint) -> Exception:
                         "and re-run the cell (keys are never saved)")
     if "ContextWindowExceeded" in name or re.search(r"context length|prompt is too long|too many tokens", reason, re.I):
         return PromptTooLong(f"{endpoint.model}: prompt too long: {reason}", parse_token_gap(str(exc)))
-    if "Connection" in name or "Timeout" in name:  # nothing answered: never reported as an HTTP status
-        return _Switch(f"{'timeout' if 'Timeout' in name else 'connection error'} reaching {endpoint.model}"
+    transport = _transport_failure(exc, reason)
+    if transport:  # nothing answered: never reported as an HTTP status
+        return _Switch(f"{transport} reaching {endpoint.model}"
                        f"{' at ' + endpoint.api_base if endpoint.api_base else ''}: {reason}")
     if "ServiceUnavailable" in name or "InternalServer" in name \
             or "RateLimit" in name or "BadGateway" in name or (isinstance(status, int) and (status == 429 or status >= 500)):
