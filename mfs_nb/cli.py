@@ -1,4 +1,4 @@
-"""`mfs-nb` / `python -m mfs_nb`: demo and replay."""
+"""`mfs-nb` / `python -m mfs_nb`: demo, replay, bench and doctor."""
 
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--quick", action="store_true", help="subsampled run that fits in a few minutes")
     b.add_argument("--docs", default="docs/benchmarks.md",
                    help="markdown file whose sections are regenerated ('' to leave docs alone)")
+    doc = sub.add_parser("doctor", help="check a store: tables, content hashes, missing uids; --repair what can be")
+    doc.add_argument("--store", help="the store (default: MFS_STORE, else ./.mfs)")
+    doc.add_argument("--repair", action="store_true",
+                     help="rewrite the events table from what is readable; lost uids become tombstones")
     return p
 
 
@@ -41,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
             return run(sys.stdout, args.store)
         if args.command == "replay":
             return _replay(args)
+        if args.command == "doctor":
+            from .doctor import doctor
+
+            lines, healthy = doctor(args.store, args.repair)
+            print("\n".join(lines))
+            return 0 if healthy or args.repair else 1
         if args.command == "bench":
             from pathlib import Path
 

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from . import clearing, snapshots
 from .clearing import Clearing
 from .compaction import Compactor
-from .errors import ConfigError, InputError, MfsError, PromptTooLong
+from .errors import ConfigError, InputError, MfsError, PromptTooLong, StoreError
 from .events import Event, clean_text
 from .facts import FactTrack, fact_track
 from .llm import LLM, Completion, default_endpoints, is_offline, missing_key, model_window, redact
@@ -153,8 +153,19 @@ class Session:
         self._prune_before = int(last_clearing["prune_before"]) if last_clearing else 0
         self.verbatim = VerbatimTrack(self)
         self.compactor = Compactor(self)
+        self._check_log_intact()
         self._raw_cache = RawCache()
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
+
+    def _check_log_intact(self) -> None:
+        """Segments and verdicts that name uids past the end of the log mean the events table lost
+        rows (removed, damaged, rolled back): stop with one line instead of reusing those uids."""
+        high = max([self.compactor.covered_to, *self.verbatim.verdicts], default=0)
+        if high > self.last_uid:
+            raise StoreError(
+                f"table events of session {self.name!r} ends at uid {self.last_uid}, but the store refers to uids up to "
+                f"{high}: rows were lost or rolled back. Nothing was changed; run `mfs-nb doctor --store "
+                f"{self.store.uri}` (uids are never reused)")
 
     # -- configuration ---------------------------------------------------------------------
     def configure(self, **values: Any) -> Settings:

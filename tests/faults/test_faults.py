@@ -64,9 +64,9 @@ def test_two_kernels_compacting_one_session_lose_nothing(store_dir):
     assert len(seqs) == len(set(seqs))  # numbers allocated under the lease never collide
 
 
-@pytest.mark.parametrize("procs,seed", [(2, 11), (3, 12)])
+@pytest.mark.parametrize("procs,seed", [(3, 12)])
 def test_concurrent_kernels_converge_to_one_projection(tmp_path, procs, seed):
-    r = harness.concurrent_run(str(tmp_path / "store"), "many", procs, seed, ops=10)
+    r = harness.concurrent_run(str(tmp_path / "store"), "many", procs, seed, ops=8)
     assert r["errors"] == []
     assert r["finals"] == procs and r["projections"] == 1  # every kernel, reloaded, sees the same payload
     assert (r["lost"], r["duplicated"], r["uid_twice"], r["gaps"], r["uncovered"]) == (0, 0, 0, 0, 0), r
