@@ -72,6 +72,7 @@ class Compactor:
         self.recovered: list[str] = []
         self.ignored: list[str] = []
         self.upgrade_done = False
+        self.seq = 0
         self.lease = Lease(session.store, session.name, owner_name(session._writer))
         self.half_open = False
         self.opened_at = 0.0

@@ -127,7 +127,7 @@ class LLM:
 
     def __init__(self, primary: Endpoint, fallback: Endpoint | None = None, *, timeout_s: float = 120.0,
                  retry_primary_after_s: float = 300.0, use: str = "chat",
-                 on_switch: Callable[[str, dict[str, Any]], None] | None = None):
+                 on_switch: Callable[[str, dict[str, Any]], Any] | None = None):
         self.primary = primary
         self.fallback = fallback
         self.timeout_s = timeout_s
