@@ -161,6 +161,9 @@ class Session:
         """Segments and verdicts that name uids past the end of the log mean the events table lost
         rows (removed, damaged, rolled back): stop with one line instead of reusing those uids."""
         high = max([self.compactor.covered_to, *self.verbatim.verdicts], default=0)
+        if high > self.last_uid:  # another kernel may have appended since we read the log
+            self._events += [e for e in self.store.load_events(self.name, uid_from=self.last_uid + 1)
+                             if e.uid > self.last_uid]
         if high > self.last_uid:
             raise StoreError(
                 f"table events of session {self.name!r} ends at uid {self.last_uid}, but the store refers to uids up to "

@@ -264,6 +264,16 @@ class Store:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
+    @contextmanager
+    def _writing(self, table: str) -> Iterator[None]:
+        """A failed write (read-only store, full disk, damaged table) is one line naming the table."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(_store_problem(self.uri, table, exc)) from exc
+
     def _check_own(self, rows: list[dict[str, Any]]) -> None:
         """Each key must now resolve to our row; two truly simultaneous inserts resolve to one winner."""
         keys = ", ".join(_quote(r["key"]) for r in rows)
@@ -335,7 +345,7 @@ class Store:
             "created_at": old.get("created_at") or now_iso(),
             "updated_at": now_iso(),
         }
-        with self._lock:
+        with self._lock, self._writing("sessions"):
             (
                 self._sessions.merge_insert("session")
                 .when_matched_update_all()
@@ -348,7 +358,7 @@ class Store:
         """One protocol step (started | summary_completed | declared | finished | aborted)."""
         row = {"key": f"{session}\x1f{seq:08d}\x1f{phase}", "session": session, "seq": seq, "phase": phase,
                "time": now_iso(), "data": json.dumps(data, sort_keys=True, ensure_ascii=False)}
-        with self._lock:
+        with self._lock, self._writing("compactions"):
             (
                 self._compactions.merge_insert("key")
                 .when_not_matched_insert_all()
@@ -375,7 +385,7 @@ class Store:
                     .execute(pa.Table.from_pylist([row], schema=LEASES_SCHEMA))
                 )
             except Exception as exc:
-                raise StoreError(f"cannot write the compaction lock (table leases) at {self.uri}: {exc}") from exc
+                raise StoreError(_store_problem(self.uri, "leases", exc)) from exc
 
     def load_leases(self, session: str) -> list[dict[str, Any]]:
         if not self._leases.count_rows():
@@ -393,7 +403,7 @@ class Store:
             "kind": kind,
             "data": json.dumps(data, sort_keys=True, ensure_ascii=False),
         }
-        with self._lock:
+        with self._lock, self._writing("ledger"):
             (
                 self._ledger.merge_insert("key")
                 .when_not_matched_insert_all()
@@ -419,7 +429,7 @@ class Store:
                   "disposition": r["disposition"], "source": r["source"],
                   "data": json.dumps(r["data"], sort_keys=True, ensure_ascii=False), "model": r.get("model") or "",
                   "created_at": now_iso()} for r in rows]
-        with self._lock:
+        with self._lock, self._writing("verbatim"):
             (
                 self._verbatim.merge_insert("key")
                 .when_not_matched_insert_all()

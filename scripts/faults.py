@@ -133,12 +133,165 @@ except MfsError as exc:
             "after_repair": after[:120]}
 
 
+MOUNT_CODE = """
+import json, random, sys
+sys.path[:0] = [{root!r}, {faults!r}]
+from worker import Model, message
+from mfs_nb import MfsError, Session
+acks, err = {{}}, ""
+rng = random.Random(1)
+try:
+    s = Session("m", store={store!r}, window_tokens=4096, llm=Model())
+    for i in range({turns}):
+        r = s.chat(message("m", i, rng))
+        for uid in r.uids:
+            acks[uid] = next(e.sha256 for e in s.events if e.uid == uid)
+except MfsError as exc:
+    err = str(exc)
+print("RESULT " + json.dumps({{"acks": acks, "error": err}}))
+"""
+
+
+def mount_run(work: Path, kind: str) -> dict[str, Any]:
+    """A full disk (a 4 MB tmpfs) or a read-only store (a tmpfs remounted read-only), in a private
+    mount namespace. Each failure must be one clear line; nothing acknowledged may be lost."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        return {"skipped": "no private mount namespace here (needs root and unshare -m)"}
+    mnt, out = work / f"mnt-{kind}", work / f"out-{kind}"
+    mnt.mkdir()
+    out.mkdir()
+    store = str(mnt / "store")
+
+    def code(turns: int) -> str:
+        return MOUNT_CODE.format(root=str(ROOT), faults=str(ROOT / "tests" / "faults"), store=store, turns=turns)
+
+    py = sys.executable
+    if kind == "full_disk":
+        script = (f"mount -t tmpfs -o size=4m tmpfs {mnt} && {py} -c \"$A\" > {out}/a.txt 2> {out}/a.err; "
+                  f"cp -r {store} {out}/store")
+    else:
+        script = (f"mount -t tmpfs -o size=64m tmpfs {mnt} && {py} -c \"$A\" > {out}/a.txt 2> {out}/a.err && "
+                  f"mount -o remount,ro {mnt} && {py} -c \"$B\" > {out}/b.txt 2> {out}/b.err; cp -r {store} {out}/store")
+    envs = {**harness.env(), "A": code(400 if kind == "full_disk" else 6), "B": code(2)}
+    subprocess.run(["unshare", "-m", "sh", "-c", script], env=envs, timeout=900, capture_output=True)
+
+    def result(name: str) -> dict[str, Any]:
+        text = (out / f"{name}.txt").read_text() if (out / f"{name}.txt").exists() else ""
+        line = next((x for x in text.splitlines() if x.startswith("RESULT ")), "")
+        return json.loads(line[7:]) if line else {"acks": {}, "error": "", "crash": (out / f"{name}.err").read_text()[-300:]}
+
+    first = result("a")
+    acks = {int(k): v for k, v in first["acks"].items()}
+    failure = first if kind == "full_disk" else result("b")
+    tracebacks = sum("Traceback" in (out / f"{n}.err").read_text() for n in ("a", "b") if (out / f"{n}.err").exists())
+    check = harness.check(str(out / "store"), "m", acks)
+    return {**check, "acks": len(acks), "error": failure.get("error", "")[:220], "tracebacks": tracebacks,
+            "one_line": int(bool(failure.get("error")) and "\n" not in failure["error"])}
+
+
+def _sum(runs: list[dict[str, Any]], *keys: str) -> int:
+    return sum(int(r.get(k, 0) or 0) for r in runs for k in keys)
+
+
+def render(report: dict[str, Any], commit: str = "") -> str:
+    """docs/reliability.md from a run's JSON."""
+    faults = report["faults"]
+    rows = []
+    totals = {"runs": 0, "lost": 0, "dup": 0, "unc": 0, "leak": 0}
+    for name, runs in faults.items():
+        lost, dup = _sum(runs, "lost", "gaps"), _sum(runs, "duplicated", "uid_twice")
+        unc, leak = _sum(runs, "uncovered"), _sum(runs, "leaked")
+        injected = _sum(runs, "killed") if name.startswith("sigkill") else len(runs)
+        if name.startswith("concurrent"):
+            note = (f"{_sum(runs, 'finals')} kernels reloaded; runs where all agreed on one projection: "
+                    f"{sum(1 for r in runs if r.get('projections') == 1)}/{len(runs)}; worker errors: "
+                    f"{sum(len(r.get('errors', [])) for r in runs)}")
+        elif name.startswith(("provider", "summary")):
+            note = (f"failed turns (one clear line each): {_sum(runs, 'errors')}, multi-line errors: "
+                    f"{_sum(runs, 'multi_line_errors')}, empty replies logged: {_sum(runs, 'empty_replies')}, "
+                    f"garbage committed as segments: {_sum(runs, 'garbage_segments')}")
+        elif name.startswith("mount"):
+            r = runs[0]
+            note = (f"skipped: {r['skipped']}" if "skipped" in r else
+                    f"error shown: `{r['error'][:140]}`; one line: {r['one_line']}; tracebacks: {r['tracebacks']}; "
+                    f"acknowledged before the fault: {r['acks']}")
+        elif name.startswith("damaged"):
+            r = runs[0]
+            note = (f"first open: `{r['first_open'][:110]}`; silent uid reuse: {r['silent_uid_reuse']}; "
+                    f"tracebacks: {r['traceback']}; after `doctor --repair`: `{r['after_repair'][:40]}`")
+        else:
+            note = f"events checked after restart: {_sum(runs, 'events')}; acknowledged before the kill: {_sum(runs, 'acks')}"
+        rows.append(f"| {name} | {len(runs)} | {injected} | {lost} | {dup} | {unc} | {leak} | {note} |")
+        totals["runs"] += len(runs)
+        totals["lost"] += lost
+        totals["dup"] += dup
+        totals["unc"] += unc
+        totals["leak"] += leak
+    return "\n".join([
+        "# Reliability: the fault-injection suite",
+        "",
+        "Generated by `python scripts/faults.py` (kernels are real processes on a shared store, providers are",
+        "fake OpenAI-compatible servers on 127.0.0.1; nothing leaves the machine). A handful of the same runs",
+        "are in the regular test run (`tests/faults/`).",
+        "",
+        f"Run: {report['started']}, {report['machine']}, {report['seconds']} s" + (f", commit {commit}" if commit else "")
+        + ".",
+        "",
+        f"**Totals over {totals['runs']} runs: {totals['lost']} lost, {totals['dup']} duplicated, "
+        f"{totals['unc']} uncovered, {totals['leak']} leaked.**",
+        "",
+        "| fault | runs | faults injected | events lost | duplicated | uncovered uids | leaked secrets | notes |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "What each column counts:",
+        "",
+        "- *events lost*: an event the kernel was told is saved (`ack uid sha256`) that a fresh kernel cannot read",
+        "  back with the same hash, plus any hole in the uid sequence.",
+        "- *duplicated*: a user message present twice, or a (session, uid) with two rows.",
+        "- *uncovered uids*: an event that is neither raw in the send view nor inside exactly one segment or",
+        "  evicted range (the coverage invariant), checked by a fresh kernel after the fault.",
+        "- *leaked secrets*: provider and fallback keys set in the environment found in any file of the store,",
+        "  any reply, notice, error, status or ledger row.",
+        "",
+        "The faults:",
+        "",
+        "- `sigkill_chat_compact`: one session, a kernel chatting and compacting (background pre-compaction",
+        "  on in about half the runs) is killed with SIGKILL at a random moment, then the next run restarts",
+        "  on the same store (recovery of the interrupted compaction once its lease expires).",
+        "- `concurrent_N_kernels`: N processes on one session at once with random schedules of chats and",
+        "  `%compact`; afterwards each reloads and reports its segments and a hash of its send view.",
+        "- `provider_*`: the primary endpoint returns 500, 429, times out (`slow`, 3 s against a 1 s",
+        "  timeout), drops the stream, answers 200 with no choices (`empty`), null content (`null`), a",
+        "  non-JSON body (`garbage`), or prompt-too-long (`ptl`, no fallback applies: a clear error after",
+        "  3 retries); a healthy fallback is configured.",
+        "- `summary_*`: the summarizer answers a refusal, a bare preamble, lorem ipsum, a 500,000-char",
+        "  text or a Chinese refusal; none may become a segment.",
+        "- `damaged_*`: the events table removed, a data file truncated, or the latest manifest deleted",
+        "  (rolls back the last write); the store is then opened, and repaired with `mfs-nb doctor --repair`.",
+        "",
+        "- `mount_full_disk`: the store on a 4 MB tmpfs, chatting until the disk is full; `mount_read_only`:",
+        "  a store with events on a tmpfs remounted read-only, then opened and written to. Both run in a",
+        "  private mount namespace (`unshare -m`, root only) and are skipped with a message elsewhere.",
+        "Known limit: deleting the newest manifest rolls back the last event write; if nothing else (a",
+        "segment, a verdict) refers to that uid, no reader can tell, and the uid is taken again.",
+        "",
+    ])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--kills", type=int, default=50)
     ap.add_argument("--concurrent", type=int, default=6)
     ap.add_argument("--out", default=str(ROOT / "docs" / "reliability.json"))
+    ap.add_argument("--render", help="only write docs/reliability.md from this JSON")
+    ap.add_argument("--commit", default="")
     args = ap.parse_args()
+    if args.render:
+        text = render(json.loads(Path(args.render).read_text()), args.commit)
+        (ROOT / "docs" / "reliability.md").write_text(text)
+        print(text)
+        return
     for k, v in SECRETS.items():
         os.environ[k] = v
     work = Path(tempfile.mkdtemp(prefix="mfs-faults-"))
@@ -160,10 +313,13 @@ def main() -> None:
         add(f"provider_{mode}", provider_run(work, mode, None))
     for name, text in SUMMARIES.items():
         add(f"summary_{name}", provider_run(work, "ok", text))
+    for kind in ("full_disk", "read_only"):
+        add(f"mount_{kind}", mount_run(work, kind))
     for how in ("deleted_table", "truncated_data", "deleted_manifest"):
         add(f"damaged_{how}", damaged_run(work, how))
     report["seconds"] = round(time.monotonic() - t0)
     Path(args.out).write_text(json.dumps(report, indent=1))
+    (ROOT / "docs" / "reliability.md").write_text(render(report, args.commit))
     shutil.rmtree(work, ignore_errors=True)
     print("wrote", args.out, "in", report["seconds"], "s")
 
