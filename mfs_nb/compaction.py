@@ -78,6 +78,7 @@ class Compactor:
         self.opened_at = 0.0
         self._restore_breaker()
         self._load()
+        self.recovered += self.ignored  # reported once, when the session opens
 
     # -- state from the store -------------------------------------------------------------
     def _load(self, holding: bool = False) -> None:

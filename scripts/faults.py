@@ -285,8 +285,22 @@ def main() -> None:
     ap.add_argument("--concurrent", type=int, default=6)
     ap.add_argument("--out", default=str(ROOT / "docs" / "reliability.json"))
     ap.add_argument("--render", help="only write docs/reliability.md from this JSON")
+    ap.add_argument("--from-logs", nargs="*", help="only write docs/reliability.md from the printed result lines of runs")
+    ap.add_argument("--note", default="", help="a line about the run, for the doc (machine load, split runs)")
     ap.add_argument("--commit", default="")
     args = ap.parse_args()
+    if args.from_logs:
+        merged: dict[str, Any] = {"faults": {}, "machine": f"{platform.system()} {platform.machine()}, "
+                                  f"{os.cpu_count()} cores", "started": args.note or "from logs", "seconds": 0}
+        for log in args.from_logs:
+            for line in Path(log).read_text().splitlines():
+                name, _, rest = line.partition(" ")
+                if rest.startswith("{") and name.replace("_", "").isalnum():
+                    merged["faults"].setdefault(name, []).append(json.loads(rest))
+                elif line.startswith("wrote ") and " in " in line:
+                    merged["seconds"] += int(line.rsplit(" in ", 1)[1].split()[0])
+        (ROOT / "docs" / "reliability.md").write_text(render(merged, args.commit))
+        return
     if args.render:
         text = render(json.loads(Path(args.render).read_text()), args.commit)
         (ROOT / "docs" / "reliability.md").write_text(text)
