@@ -284,6 +284,9 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=50)
     ap.add_argument("--concurrent", type=int, default=6)
     ap.add_argument("--out", default=str(ROOT / "docs" / "reliability.json"))
+    ap.add_argument("--parts", default="kill,concurrent,provider,summary,mount,damaged",
+                    help="comma-separated parts to run (runs can be split across processes)")
+    ap.add_argument("--seed", type=int, default=0, help="offset for the kill and concurrent seeds")
     ap.add_argument("--render", help="only write docs/reliability.md from this JSON")
     ap.add_argument("--from-logs", nargs="*", help="only write docs/reliability.md from the printed result lines of runs")
     ap.add_argument("--note", default="", help="a line about the run, for the doc (machine load, split runs)")
@@ -317,19 +320,20 @@ def main() -> None:
         report["faults"].setdefault(name, []).append(result)
         print(name, json.dumps(result), flush=True)
 
-    for i in range(args.kills):  # one session, killed and restarted again and again
-        add("sigkill_chat_compact", harness.kill_run(str(work / "kill"), "killed", 1000 + i, ops=24))
-    for i in range(args.concurrent):
+    parts = set(args.parts.split(","))
+    for i in range(args.kills if "kill" in parts else 0):  # one session, killed and restarted again and again
+        add("sigkill_chat_compact", harness.kill_run(str(work / "kill"), "killed", 1000 + args.seed + i, ops=24))
+    for i in range(args.concurrent if "concurrent" in parts else 0):
         procs = 2 + i % 3
-        add(f"concurrent_{procs}_kernels", harness.concurrent_run(str(work / f"conc{i}"), "many", procs, 2000 + i,
-                                                                   ops=10))
-    for mode in ("500", "429", "slow", "drop", "empty", "null", "garbage", "ptl"):
+        add(f"concurrent_{procs}_kernels", harness.concurrent_run(str(work / f"conc{i}"), "many", procs,
+                                                                   2000 + args.seed + i, ops=10))
+    for mode in ("500", "429", "slow", "drop", "empty", "null", "garbage", "ptl") if "provider" in parts else ():
         add(f"provider_{mode}", provider_run(work, mode, None))
-    for name, text in SUMMARIES.items():
+    for name, text in SUMMARIES.items() if "summary" in parts else ():
         add(f"summary_{name}", provider_run(work, "ok", text))
-    for kind in ("full_disk", "read_only"):
+    for kind in ("full_disk", "read_only") if "mount" in parts else ():
         add(f"mount_{kind}", mount_run(work, kind))
-    for how in ("deleted_table", "truncated_data", "deleted_manifest"):
+    for how in ("deleted_table", "truncated_data", "deleted_manifest") if "damaged" in parts else ():
         add(f"damaged_{how}", damaged_run(work, how))
     report["seconds"] = round(time.monotonic() - t0)
     Path(args.out).write_text(json.dumps(report, indent=1))

@@ -77,7 +77,7 @@ def check(store: str, session: str, acks: dict[int, str], window: int = 4096) ->
 
 
 def concurrent_run(store: str, session: str, procs: int, seed: int, ops: int = 12,
-                   timeout: float = 240) -> dict[str, Any]:
+                   timeout: float = 600) -> dict[str, Any]:
     """2–4 kernels on one session at once, random schedules; each then reloads and reports its projection."""
     done = Path(store + ".done")
     done.mkdir(parents=True, exist_ok=True)
@@ -88,8 +88,14 @@ def concurrent_run(store: str, session: str, procs: int, seed: int, ops: int = 1
     acks: dict[int, str] = {}
     finals: list[dict[str, Any]] = []
     errors = []
+    deadline = time.monotonic() + timeout
     for w in workers:
-        out, err = w.communicate(timeout=timeout)
+        try:
+            out, err = w.communicate(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            w.kill()
+            out, err = w.communicate()
+            err += f"\ntimed out after {timeout:.0f} s"
         a, f = parse(out)
         acks.update(a)
         finals += f

@@ -72,6 +72,20 @@ def main() -> None:
     s = Session(a.session, store=a.store, window_tokens=a.window, llm=Model(a.delay),
                 background_compaction=a.background)
     print("ready", flush=True)
+    try:
+        run(s, a, rng)
+    finally:  # a failing worker still says it is done, so the others do not wait for it
+        if a.wait_for:
+            (Path(a.done_dir) / a.tag).write_text("done")
+    if a.wait_for:
+        done = Path(a.done_dir)
+        deadline = time.monotonic() + 300
+        while len(list(done.iterdir())) < a.wait_for and time.monotonic() < deadline:
+            time.sleep(0.1)
+        print("final", json.dumps(snapshot(a.store, a.session, a.window)), flush=True)
+
+
+def run(s: Session, a: argparse.Namespace, rng: random.Random) -> None:
     for i in range(a.ops):
         if rng.random() < a.compact_share:
             notes = s.compact()
@@ -83,13 +97,6 @@ def main() -> None:
                 e = next(x for x in s.events if x.uid == uid)
                 print("ack", uid, e.sha256, flush=True)
         time.sleep(rng.uniform(0, 0.05))
-    if a.wait_for:
-        done = Path(a.done_dir)
-        (done / a.tag).write_text("done")
-        deadline = time.monotonic() + 300
-        while len(list(done.iterdir())) < a.wait_for and time.monotonic() < deadline:
-            time.sleep(0.1)
-        print("final", json.dumps(snapshot(a.store, a.session, a.window)), flush=True)
 
 
 if __name__ == "__main__":
