@@ -54,7 +54,7 @@ def provider_run(work: Path, mode: str, summary: str | None) -> dict[str, Any]:
     lost, no empty reply in the log, every failure one clear line, no key in the store or outputs."""
     from mfs_nb import MfsError, Session
 
-    store = work / f"prov-{mode}-{'s' if summary else 'c'}"
+    store = work / f"prov-{mode}-{abs(hash(summary)) if summary else 'c'}"
     a = FakeProvider(mode, reply="primary answer about pool deploy latency", summary=summary)
     b = FakeProvider("ok", reply="fallback answer about pool deploy latency",
                      summary="- the user discussed pool, deploy and latency limits")
@@ -75,6 +75,11 @@ def provider_run(work: Path, mode: str, summary: str | None) -> dict[str, Any]:
                 errors += 1
                 outputs.append(str(exc))
                 bad_errors += "\n" in str(exc)
+        try:  # a compaction on demand as well: the summarizer's faults must meet a real range
+            outputs += s.compact("pool limits")
+        except MfsError as exc:
+            errors += 1
+            outputs.append(str(exc))
         outputs.append(json.dumps(s.status(), default=str))
         outputs += [json.dumps(r, default=str) for r in s.ledger()]
         empty = sum(1 for e in s.events if e.role == "assistant" and not e.content.strip() and not e.tool_calls)
