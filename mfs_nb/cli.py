@@ -1,4 +1,4 @@
-"""`mfs-nb` / `python -m mfs_nb`: demo and replay."""
+"""`mfs-nb` / `python -m mfs_nb`: demo, replay, bench and doctor."""
 
 from __future__ import annotations
 
@@ -41,6 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--window", type=int, help="qa: the window every strategy's payload is built for (default 8000)")
     b.add_argument("--api-base", dest="api_base", help="qa: an OpenAI-compatible base URL (key: MFS_API_KEY)")
     b.add_argument("--questions", type=int, help="qa: at most this many questions per conversation")
+    doc = sub.add_parser("doctor", help="check a store: tables, content hashes, missing uids; --repair what can be")
+    doc.add_argument("--store", help="the store (default: MFS_STORE, else ./.mfs)")
+    doc.add_argument("--repair", action="store_true",
+                     help="rewrite the events table from what is readable; lost uids become tombstones")
     return p
 
 
@@ -55,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
             return _replay(args)
         if args.command == "search":
             return _search(args)
+        if args.command == "doctor":
+            from .doctor import doctor
+
+            lines, healthy = doctor(args.store, args.repair)
+            print("\n".join(lines))
+            return 0 if healthy or args.repair else 1
         if args.command == "bench":
             from pathlib import Path
 

@@ -6,8 +6,13 @@ Each segment is committed through a protocol appended to the store:
     started (takes the lock) → summary_completed → declared (the only row the projection
     honours) → finished (releases)      — or aborted, with the reason.
 
-A `started` without `finished`/`aborted` after a crash is a dirty lock: it is reported and
-cleaned when the session loads; a declaration that was written is complete and stays.
+The lock is a lease in the store (`lease.py`), valid across processes and machines. Sequence
+numbers are allocated under it from what the store holds, and the commit check reads the store
+(covered ranges and content hashes as committed by any kernel) right before declaring.
+
+A `started` without `finished`/`aborted` whose lease has expired is a crash: it is reported and
+cleaned; a declaration that was written is complete and stays. A declaration that does not
+follow the covered prefix (a stale writer) is reported and not honoured, by every reader alike.
 """
 
 from __future__ import annotations
@@ -21,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 from . import segments as seg
 from .errors import MfsError
 from .events import Event
+from .lease import Lease, live_claims, owner_name
 from .segments import Segment
+from .summary_check import validate_summary
 from .usage import TIERS, human
 
 if TYPE_CHECKING:
@@ -32,6 +39,8 @@ TARGET_AFTER = 0.55  # a compaction event goes on until pressure is under this s
 BLOCK_SHARE = 0.35  # the segment block may take this share before its oldest maps are evicted
 BREAKER = 3  # consecutive summarizer failures before automatic LLM compaction stops
 REFILL_CALLS = 2  # a compaction needed again within this many calls is a rapid refill
+LOCK_WAIT_S = 10.0  # a manual or hard-line compaction waits this long for another kernel's lease
+BREAKER_COOLDOWN_S = 600.0  # an open breaker lets one automatic try through after this long (half-open)
 
 
 @dataclass
@@ -40,6 +49,7 @@ class Pending:
 
     seq: int
     events: list[Event]
+    claim: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
     segment: Segment | None = None
     info: dict[str, Any] = field(default_factory=dict)
@@ -60,22 +70,38 @@ class Compactor:
         self.pending: Pending | None = None
         self._lock = threading.Lock()
         self.recovered: list[str] = []
+        self.ignored: list[str] = []
         self.upgrade_done = False
+        self.seq = 0
+        self.lease = Lease(session.store, session.name, owner_name(session._writer))
+        self.half_open = False
+        self.opened_at = 0.0
+        self._restore_breaker()
         self._load()
+        self.recovered += self.ignored  # reported once, when the session opens
 
     # -- state from the store -------------------------------------------------------------
-    def _load(self) -> None:
+    def _load(self, holding: bool = False) -> None:
+        """Segments and evicted ranges from the declarations in the store (any kernel's), in seq
+        order; unfinished compactions whose lease is dead are cleaned. `holding`: we hold the
+        lease, so every other unfinished compaction is dead."""
         rows = self.s.store.load_compactions(self.s.name)
         by_seq: dict[int, dict[str, dict[str, Any]]] = {}
         for r in rows:
             by_seq.setdefault(r["seq"], {})[r["phase"]] = r
-        self.seq = max(by_seq, default=0)
+        self.seq = max([self.seq if holding else 0, *by_seq])
+        self.segments, self.evicted, self.ignored = [], [], []
+        # unfinished rows under a live lease are in progress (ours, when we hold it); the rest crashed
+        live = {self.lease.claim} if holding else set(live_claims(self.s.store.load_leases(self.s.name), time.time()))
+        mine = self.pending.seq if self.pending is not None else None
         for number in sorted(by_seq):
             phases = by_seq[number]
             declared = phases.get("declared")
             if declared:
-                self._honour(declared)
-            if "started" in phases and not ({"finished", "aborted"} & phases.keys()):
+                self._honour(declared, number)
+            started = phases.get("started")
+            if started and not ({"finished", "aborted"} & phases.keys()) and number != mine \
+                    and started.get("lease") not in live:
                 done = "finished" if declared else "aborted"
                 self.s.store.append_compaction(self.s.name, number, done, {"recovered": True})
                 note = (f"recovered an interrupted compaction (#{number}): "
@@ -83,7 +109,31 @@ class Compactor:
                 self.recovered.append(note)
                 self.s._log("recovered", seq=number, declared=bool(declared))
 
-    def _honour(self, row: dict[str, Any]) -> None:
+    def refresh(self) -> None:
+        """Under the lease: what every kernel committed, and events other kernels appended."""
+        s = self.s
+        newer = s.store.load_events(s.name, uid_from=s.last_uid + 1)
+        if newer:
+            s._events = s._events + [e for e in newer if e.uid > s.last_uid]
+        self._load(holding=True)
+
+    def _acquire(self, wait_s: float) -> str | None:
+        """Take the lease (or keep ours); the reason when another kernel holds it."""
+        if self.lease.held:
+            if self.lease.valid():
+                return None
+            self.lease.release()  # ours expired: start over with a fresh claim
+        if self.lease.acquire(wait_s):
+            self.refresh()
+            return None
+        owners = sorted({v["owner"] for v in self.lease.holders().values()})
+        return "another kernel is compacting this session" + (f" ({', '.join(owners)})" if owners else "")
+
+    def _release(self) -> None:
+        if self.pending is None and self.lease.held:
+            self.lease.release()
+
+    def _honour(self, row: dict[str, Any], number: int = 0) -> None:
         if row.get("type") == "upgrade":
             new = Segment.from_json(row["segment"])
             self.segments = [new if x.uid_from == new.uid_from and x.uid_to == new.uid_to else x for x in self.segments]
@@ -98,7 +148,13 @@ class Compactor:
                 else:
                     self.evicted.append((x.uid_from, x.uid_to))
         else:
-            self.segments.append(Segment.from_json(row["segment"]))
+            new = Segment.from_json(row["segment"])
+            if self.covered_to and new.uid_from != self.covered_to + 1:
+                # a stale writer's declaration: every reader skips it alike, so projections agree
+                self.ignored.append(f"declaration #{number} (uids {new.uid_from}–{new.uid_to}) does not follow "
+                                    f"the covered prefix (…{self.covered_to}); not honoured")
+                return
+            self.segments.append(new)
 
     @property
     def covered_to(self) -> int:
@@ -132,7 +188,7 @@ class Compactor:
         """Ask the model for the prose guide; (None, info) on any failure or unusable output."""
         target = self.target(events, effective)
         info: dict[str, Any] = {"target": target, "style": self.s.settings.summary_style, "llm_tokens": 0}
-        if self.breaker_open:
+        if self.breaker_open and not self._may_try():
             info["error"] = "circuit breaker open: automatic LLM compaction is off for this session"
             return None, info
         messages = [{"role": "system", "content": self.s._system()}, *seg.compressor_messages(events),
@@ -141,7 +197,7 @@ class Compactor:
         info["envelope"] = {"model": self.s.settings.model, "messages": len(messages), "tools": False}
         started = time.monotonic()
         try:
-            completion = self.s.llm.complete(messages, tools=None, stream=False)
+            completion = self.s.summarizer.complete(messages, tools=None, stream=False)
         except MfsError as exc:
             info["error"] = str(exc)
             return None, info
@@ -151,9 +207,13 @@ class Compactor:
         info["duration_s"] = round(time.monotonic() - started, 3)
         usage = completion.usage or {}
         info["llm_tokens"] = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
-        prose = seg.clean_summary(completion.text)
+        prose, why = validate_summary(completion.text, events, target)
         if prose is None:
-            info["error"] = "empty or error-like summary; not committed"
+            info["error"] = f"summary rejected: {why}; not committed"
+            self.s._log("summary_rejected", reason=why, uid_from=events[0].uid, uid_to=events[-1].uid,
+                        chars=len(completion.text or ""))
+        elif why:
+            info["note"] = why
         return prose, info
 
     def make(self, seq: int, events: list[Event], effective: int, focus: str = "") -> tuple[Segment, dict[str, Any]]:
@@ -164,10 +224,10 @@ class Compactor:
         except Exception:
             pass
         prose, info = self.summarize(events, effective, focus)
-        if prose is None and not self.breaker_open:
+        if prose is None and "circuit breaker open" not in str(info.get("error")):
             info["breaker"] = self._failed()
         elif prose is not None:
-            self.failures = 0
+            self._succeeded()
         segment = seg.build(seq, events, prose)
         self.s.store.append_compaction(self.s.name, seq, "summary_completed", {
             "content": segment.prose, "covered": [segment.uid_from, segment.uid_to], "tokens": segment.tokens,
@@ -176,10 +236,14 @@ class Compactor:
 
     # -- committing ------------------------------------------------------------------------
     def commit(self, segment: Segment) -> str | None:
-        """Atomic commit: the covered uids still start right after the covered prefix, are
-        contiguous, and their hashes are unchanged. Returns the rejection reason, or None."""
-        covered = [e for e in self.s._events if segment.uid_from <= e.uid <= segment.uid_to]
-        if segment.uid_from != self.covered_to + 1 and not (self.covered_to == 0 and covered
+        """Atomic commit, checked against the store right before declaring: we still hold the
+        lease, the covered uids start right after the covered prefix as committed by any kernel,
+        are contiguous, and their stored hashes are unchanged. Returns the rejection reason, or None."""
+        if not self.lease.valid():
+            return "the compaction lock expired or was taken over before the commit"
+        self.refresh()
+        covered = self.s.store.load_events(self.s.name, segment.uid_from, segment.uid_to)
+        if segment.uid_from != self.covered_to + 1 and not (self.covered_to == 0 and covered and self.s._events
                                                             and covered[0].uid == self.s._events[0].uid):
             return f"range {segment.uid_from}–{segment.uid_to} no longer follows the covered prefix"
         if [e.uid for e in covered] != list(range(segment.uid_from, segment.uid_to + 1)):
@@ -212,13 +276,13 @@ class Compactor:
         if prose is None:
             self._failed()
             return None
-        self.failures = 0
+        self._succeeded()
         new = seg.build(old.id, events, prose)
         if new.tokens >= old.tokens or new.covered_hash != old.covered_hash:
             return None
         self.upgrade_done = True
         seq = self.next_seq()
-        self.s.store.append_compaction(self.s.name, seq, "started", {"trigger": "upgrade", "segment": old.id})
+        self._start(seq, {"trigger": "upgrade", "segment": old.id})
         self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "upgrade", "segment": new.to_json()})
         self.s.store.append_compaction(self.s.name, seq, "finished", {})
         self._honour({"type": "upgrade", "segment": new.to_json()})
@@ -227,13 +291,66 @@ class Compactor:
         return f"segment #{old.id} upgraded from its zero-LLM form: {human(old.tokens)} → {human(new.tokens)} tokens"
 
     def _failed(self) -> bool:
-        """Count a summarizer failure; True when this one opened the breaker."""
+        """Count a summarizer failure; True when this one opened the breaker. A failed half-open
+        try re-opens it for another cool-down. The state is saved with the session."""
         self.failures += 1
+        if self.half_open:
+            self.half_open = False
+            self.opened_at = time.time()
+            self.s._log("breaker_open", failures=self.failures, half_open_try=True)
+            self._save_breaker()
+            return False
         if self.failures >= BREAKER and not self.breaker_open:
             self.breaker_open = True
+            self.opened_at = time.time()
             self.s._log("breaker_open", failures=self.failures)
+            self._save_breaker()
             return True
+        self._save_breaker()
         return False
+
+    def _succeeded(self) -> None:
+        """A usable summary: the count restarts and an open breaker closes."""
+        was_open, self.failures = self.breaker_open, 0
+        self.breaker_open = self.half_open = False
+        if was_open:
+            self.s._log("breaker_closed")
+        self._save_breaker()
+
+    def _may_try(self) -> bool:
+        """Half-open: after the cool-down, or on the user's %compact, the model gets one try."""
+        if not self.half_open and time.time() - self.opened_at >= BREAKER_COOLDOWN_S:
+            self.half_open = True
+        return self.half_open
+
+    def breaker_state(self) -> dict[str, Any]:
+        return {"failures": self.failures, "open": self.breaker_open, "opened_at": self.opened_at}
+
+    def breaker_line(self) -> str:
+        """For %mfs status: where the breaker stands and what to do."""
+        if not self.breaker_open:
+            return f"circuit breaker closed ({self.failures} summarizer failure{'s' if self.failures != 1 else ''} in a row)"
+        wait = max(0, int(BREAKER_COOLDOWN_S - (time.time() - self.opened_at)))
+        return (f"circuit breaker open after {self.failures} summarizer failures: automatic LLM compaction is off; "
+                f"fix the model, then %compact (tries it once), or wait {wait}s for one automatic try")
+
+    def _save_breaker(self) -> None:
+        state = self.breaker_state()
+        if getattr(self.s, "_breaker", None) != state:
+            self.s._breaker = state
+            try:
+                self.s._save_meta()
+            except Exception:  # the breaker is advisory; a failed save only forgets it
+                pass
+
+    def _restore_breaker(self) -> None:
+        state = getattr(self.s, "_breaker", None) or {}
+        try:
+            self.failures = max(0, int(state.get("failures", 0)))
+            self.breaker_open = bool(state.get("open", False))
+            self.opened_at = float(state.get("opened_at", 0.0))
+        except (TypeError, ValueError, AttributeError):
+            self.failures, self.breaker_open, self.opened_at = 0, False, 0.0
 
     def evict_if_needed(self, effective: int) -> list[Segment]:
         """Bounded block: while the block is over its share, the oldest maps leave the payload.
@@ -245,22 +362,41 @@ class Compactor:
         if gone:
             seq = self.next_seq()
             ids = [x.id for x in gone]
-            self.s.store.append_compaction(self.s.name, seq, "started", {"trigger": "evict", "segment_ids": ids})
+            self._start(seq, {"trigger": "evict", "segment_ids": ids})
             self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "evict", "segment_ids": ids})
             self.s.store.append_compaction(self.s.name, seq, "finished", {})
         return gone
 
     # -- one compaction event ----------------------------------------------------------------
     def next_seq(self) -> int:
+        """The next protocol number, allocated under the lease from what the store holds."""
         with self._lock:
-            self.seq += 1
+            stored = max((r["seq"] for r in self.s.store.load_compactions(self.s.name)), default=0)
+            self.seq = max(self.seq, stored) + 1
             return self.seq
+
+    def _start(self, seq: int, data: dict[str, Any]) -> None:
+        self.s.store.append_compaction(self.s.name, seq, "started", {**data, "lease": self.lease.claim,
+                                                                     "owner": self.lease.owner})
 
     def compact(self, tier: str, reason: str, focus: str = "", *, manual: bool = False,
                 only_ready: bool = False) -> list[str]:
         """Commit what the background made, then make and commit segments until pressure is under
         the target or nothing is left. `only_ready`: commit the finished background result only."""
         s = self.s
+        busy = self._acquire(LOCK_WAIT_S if manual or tier == "hard" else 0.0)
+        if busy:
+            s._log("skip", tier=tier, reason="locked", trigger=reason, detail=busy)
+            return [f"{busy}; this compaction was skipped" + ("; try %compact again in a moment" if manual else "")]
+        try:
+            return self._compact_locked(tier, reason, focus, manual=manual, only_ready=only_ready)
+        finally:
+            self._release()
+
+    def _compact_locked(self, tier: str, reason: str, focus: str, *, manual: bool, only_ready: bool) -> list[str]:
+        s = self.s
+        if manual and self.breaker_open:
+            self.half_open = True  # the user's %compact tries the model once
         before = s.usage()
         effective = before.effective
         notices: list[str] = []
@@ -286,8 +422,7 @@ class Compactor:
                         notices.append("nothing to compact" + (f" ({why.replace('_', ' ')})" if why else ""))
                 break
             seq = self.next_seq()
-            s.store.append_compaction(s.name, seq, "started", {"trigger": reason, "tier": tier,
-                                                              "uid_from": events[0].uid, "uid_to": events[-1].uid})
+            self._start(seq, {"trigger": reason, "tier": tier, "uid_from": events[0].uid, "uid_to": events[-1].uid})
             segment, info = self.make(seq, events, effective, focus)
             llm_tokens += info.get("llm_tokens", 0)
             now, then = self.payload_with(segment)
@@ -347,13 +482,16 @@ class Compactor:
         """At the warn line: compress cold history into an L0 segment from a snapshot, off the turn."""
         if self.pending is not None or self.breaker_open:
             return False
+        if self._acquire(0.0):
+            return False
         events, _ = self.choose(effective)
         if not events:
+            self._release()
             return False
         seq = self.next_seq()
-        self.s.store.append_compaction(self.s.name, seq, "started", {"trigger": "background", "tier": "warn",
-                                                                    "uid_from": events[0].uid, "uid_to": events[-1].uid})
-        pending = Pending(seq, list(events))
+        self._start(seq, {"trigger": "background", "tier": "warn", "uid_from": events[0].uid,
+                          "uid_to": events[-1].uid})
+        pending = Pending(seq, list(events), self.lease.claim)
         self.pending = pending
 
         def work() -> None:
@@ -377,6 +515,9 @@ class Compactor:
             return None
         pending.done.wait()
         self.pending = None
+        if not self.lease.held or self.lease.claim != pending.claim:  # the lease lapsed meanwhile: stale
+            self.s.store.append_compaction(self.s.name, pending.seq, "aborted", {"reason": "lease lost"})
+            return None
         if pending.segment is None:
             self.s.store.append_compaction(self.s.name, pending.seq, "aborted",
                                            {"reason": pending.info.get("error", "no result")})

@@ -4,6 +4,10 @@ litellm is imported lazily (it takes seconds) with its model-cost map read local
 reaches for the network on import. Keys come from the environment only; they are passed to
 litellm and nowhere else, and are scrubbed from every error message.
 
+Keys go only to the endpoint they belong to: a custom `api_base` gets `MFS_API_KEY` (the fallback
+`MFS_FALLBACK_API_KEY`) or no key at all — never a provider's key from the environment — and the
+key is read from the environment at call time, so exporting it later takes effect at once.
+
 `LLM` holds a primary and an optional fallback endpoint. Connection errors, timeouts, 5xx and
 429 — streaming or not — move the call to the other endpoint; the state machine is guarded by a
 lock so concurrent calls see one consistent state.
@@ -62,14 +66,37 @@ def is_offline(model: str) -> bool:
     return model.startswith("mfs-offline/")
 
 
+# Sent as the key to a custom endpoint that has none configured, so litellm never falls back to a
+# provider key from the environment (an OpenAI-compatible client needs some value).
+NO_KEY = "mfs-no-key"
+
+
 @dataclass(frozen=True)
 class Endpoint:
-    """A model and where to reach it. The key is held in memory only and never printed."""
+    """A model and where to reach it. The key is held in memory only and never printed; with
+    `key_env` it is read from that environment variable at each call instead."""
 
     model: str
     api_base: str = ""
     api_key: str = field(default="", repr=False)
     label: str = "primary"
+    key_env: str = ""
+
+    def key(self) -> str:
+        """The key this endpoint gets now ('' lets litellm use the provider's own key: only
+        for a provider's endpoint, never for a custom api_base)."""
+        key = os.environ.get(self.key_env, "") if self.key_env else self.api_key
+        if self.api_base:
+            return key or NO_KEY
+        return key
+
+    def key_hint(self) -> str:
+        """Which variable to set for this endpoint's key."""
+        if self.key_env:
+            return self.key_env
+        if self.api_base:
+            return "MFS_API_KEY"
+        return "the provider's key (e.g. OPENAI_API_KEY)"
 
     def describe(self) -> str:
         return f"{self.label}: {self.model}" + (f" @ {self.api_base}" if self.api_base else "")
@@ -99,13 +126,17 @@ class LLM:
     """Completions through litellm with primary → fallback switching."""
 
     def __init__(self, primary: Endpoint, fallback: Endpoint | None = None, *, timeout_s: float = 120.0,
-                 retry_primary_after_s: float = 300.0):
+                 retry_primary_after_s: float = 300.0, use: str = "chat",
+                 on_switch: Callable[[str, dict[str, Any]], Any] | None = None):
         self.primary = primary
         self.fallback = fallback
         self.timeout_s = timeout_s
         self.retry_primary_after_s = retry_primary_after_s
+        self.use = use  # chat | summarizer: each use keeps its own health
+        self.on_switch = on_switch  # a ledger row for every switch and every return to the primary
         self._lock = threading.Lock()
         self._on_fallback_since: float | None = None
+        self._serving = "primary"
         self.last_switch_reason = ""
         self.switches = 0
 
@@ -142,6 +173,19 @@ class LLM:
                 self.switches += 1
             if failed_reason:
                 self.last_switch_reason = failed_reason
+
+    def _report(self, endpoint: Endpoint, reason: str) -> None:
+        """A ledger row when the endpoint that answers changes (a switch, or a return to the primary)."""
+        with self._lock:
+            previous, self._serving = self._serving, endpoint.label
+        if previous == endpoint.label or self.on_switch is None:
+            return
+        kind = "endpoint_return" if endpoint.label == "primary" else "endpoint_switch"
+        try:
+            self.on_switch(kind, {"use": self.use, "from": previous, "to": endpoint.label, "model": endpoint.model,
+                                  "reason": reason})
+        except Exception:  # the ledger is a record; a failed write never fails the call
+            pass
 
     def describe(self) -> str:
         """One line for `%mfs status`."""
@@ -181,6 +225,7 @@ class LLM:
                 break
             result.duration_s = time.monotonic() - started
             self._mark(endpoint)
+            self._report(endpoint, last.reason if last else "")
             return result
         assert last is not None
         names = " and ".join(e.label for e in order)
@@ -203,8 +248,9 @@ class LLM:
         }
         if endpoint.api_base:
             kwargs["api_base"] = endpoint.api_base
-        if endpoint.api_key:
-            kwargs["api_key"] = endpoint.api_key
+        key = endpoint.key()
+        if key:
+            kwargs["api_key"] = key
         if tools:
             kwargs["tools"] = tools
         try:
@@ -250,11 +296,16 @@ class LLM:
         tool_calls = [calls[i] for i in sorted(calls)]
         for n, call in enumerate(tool_calls):
             call["id"] = call["id"] or f"call_{n}"
+        if not "".join(parts).strip() and not tool_calls:
+            raise _Switch(f"empty reply from {endpoint.model} (HTTP 200 stream with no content)")
         return Completion("".join(parts), tool_calls, usage, endpoint.label, model)
 
 
 def _from_response(endpoint: Endpoint, response: Any) -> Completion:
-    message = response.choices[0].message
+    choices = getattr(response, "choices", None)
+    message = getattr(choices[0], "message", None) if choices else None
+    if message is None:
+        raise _Switch(f"malformed reply from {endpoint.model} (HTTP 200 with no choices)")
     tool_calls = []
     for n, tc in enumerate(getattr(message, "tool_calls", None) or ()):
         tool_calls.append({
@@ -262,7 +313,10 @@ def _from_response(endpoint: Endpoint, response: Any) -> Completion:
             "type": "function",
             "function": {"name": tc.function.name or "", "arguments": tc.function.arguments or ""},
         })
-    return Completion(message.content or "", tool_calls, _usage(getattr(response, "usage", None)),
+    content = message.content if isinstance(message.content, str) else ""
+    if not content.strip() and not tool_calls:
+        raise _Switch(f"empty reply from {endpoint.model} (HTTP 200 with no content)")
+    return Completion(content, tool_calls, _usage(getattr(response, "usage", None)),
                       endpoint.label, endpoint.model)
 
 
@@ -318,8 +372,24 @@ def redact(text: str, extra: tuple[str, ...] = ()) -> str:
 
 def _one_line(exc: BaseException, endpoint: Endpoint) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
-    text = redact(text, (endpoint.api_key,))
+    text = redact(text, (endpoint.key(),) if endpoint.key() != NO_KEY else ())
     return text[:300] + ("…" if len(text) > 300 else "")
+
+
+def _transport_failure(exc: BaseException, reason: str) -> str:
+    """'timeout' or 'connection error' when no HTTP answer came (litellm may wrap these in a 500)."""
+    seen: BaseException | None = exc
+    names = []
+    for _ in range(8):
+        if seen is None:
+            break
+        names.append(type(seen).__name__)
+        seen = seen.__cause__ or seen.__context__
+    if any("Timeout" in n for n in names) or re.search(r"\btimed? ?out\b", reason, re.I):
+        return "timeout"
+    if any("Connect" in n for n in names) or re.search(r"connection (?:error|refused|reset)|cannot connect", reason, re.I):
+        return "connection error"
+    return ""
 
 
 def _classify(exc: Exception, endpoint: Endpoint) -> Exception:
@@ -327,17 +397,21 @@ def _classify(exc: Exception, endpoint: Endpoint) -> Exception:
     status = getattr(exc, "status_code", None)
     reason = _one_line(exc, endpoint)
     if re.search(r"api[_ ]key.{0,80}(must be set|missing|not set|not provided)|(missing|no) api[_ ]key", reason, re.I):
-        return LLMError(f"{endpoint.model}: no API key for this endpoint; set the provider's key in the environment "
-                        "(e.g. OPENAI_API_KEY, MFS_API_KEY for a custom api_base) and re-run the cell")
+        return LLMError(f"{endpoint.model}: no API key for this endpoint; set {endpoint.key_hint()} in the environment "
+                        "and re-run the cell (keys are never saved)")
     if "ContextWindowExceeded" in name or re.search(r"context length|prompt is too long|too many tokens", reason, re.I):
         return PromptTooLong(f"{endpoint.model}: prompt too long: {reason}", parse_token_gap(str(exc)))
-    if "Connection" in name or "Timeout" in name or "ServiceUnavailable" in name or "InternalServer" in name \
+    transport = _transport_failure(exc, reason)
+    if transport:  # nothing answered: never reported as an HTTP status
+        return _Switch(f"{transport} reaching {endpoint.model}"
+                       f"{' at ' + endpoint.api_base if endpoint.api_base else ''}: {reason}")
+    if "ServiceUnavailable" in name or "InternalServer" in name \
             or "RateLimit" in name or "BadGateway" in name or (isinstance(status, int) and (status == 429 or status >= 500)):
         label = f"HTTP {status}" if isinstance(status, int) else name
         return _Switch(f"{label} from {endpoint.model}: {reason}")
     if "Authentication" in name or status == 401:
-        return LLMError(f"{endpoint.model}: the provider rejected the key ({reason}); set the provider's key "
-                        "in the environment (e.g. OPENAI_API_KEY) and re-run the cell")
+        return LLMError(f"{endpoint.model}: the endpoint rejected the key ({reason}); set {endpoint.key_hint()} "
+                        "in the environment and re-run the cell")
     if "NotFound" in name or status == 404:
         return LLMError(f"{endpoint.model}: model or endpoint not found ({reason}); check `%mfs config model=…`")
     return LLMError(f"{endpoint.model}: {reason}")
@@ -369,8 +443,8 @@ def missing_key(model: str, api_base: str = "") -> str | None:
 
 def default_endpoints(model: str, api_base: str, fallback_model: str, fallback_base_url: str) -> tuple[Endpoint, Endpoint | None]:
     """Endpoints from settings, with keys read from the environment (never from settings)."""
-    primary = Endpoint(model or OFFLINE_MODEL, api_base, os.environ.get("MFS_API_KEY", ""), "primary")
+    primary = Endpoint(model or OFFLINE_MODEL, api_base, "", "primary", key_env="MFS_API_KEY" if api_base else "")
     fallback = None
     if fallback_model and fallback_base_url:
-        fallback = Endpoint(fallback_model, fallback_base_url, os.environ.get("MFS_FALLBACK_API_KEY", ""), "fallback")
+        fallback = Endpoint(fallback_model, fallback_base_url, "", "fallback", key_env="MFS_FALLBACK_API_KEY")
     return primary, fallback

@@ -314,14 +314,14 @@ class MfsMagics(Magics, Configurable):
     # -- %mfs ----------------------------------------------------------------------------
     @line_magic
     def mfs(self, line: str) -> None:
-        """Session management: %mfs status | sessions | new NAME | use NAME | config [key=value …] | ledger | gc [--dry-run] | help"""
+        """Session management: %mfs status | sessions | new NAME | use NAME | config [key=value …] | ledger | gc [--dry-run] | doctor [--repair] | help"""
         try:
             words = _split(line)
             command, rest = (words[0], words[1:]) if words else ("status", [])
             handler: Callable[[list[str]], None] | None = getattr(self, f"_mfs_{command}", None)
             if handler is None:
                 raise InputError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, config, "
-                                 "ledger, gc, help")
+                                 "ledger, gc, doctor, help")
             handler(rest)
         except MfsError as exc:
             _error(exc)
@@ -347,12 +347,22 @@ class MfsMagics(Magics, Configurable):
             print(f"tool results before uid {state.clear_before} cleared"
                   + (f"; long arguments before uid {state.prune_before} stubbed" if state.prune_before else ""))
         if comp.breaker_open:
-            print("circuit breaker open: automatic LLM compaction is off (zero-LLM segments keep the session in its window)")
+            print(comp.breaker_line())
         p = s.indexer.progress(load=False)
         vectors = (f"vectors ({p['model']}) to uid {p['vectors_upto']}" if p["model"] else
                    f"vectors: {'failed, ' + p['failed'] if p['failed'] else 'embedder not loaded yet'}")
         print(f"recall index: full text to uid {p['text_upto']}, {vectors}, of {p['last_uid']}"
               + ("" if s.settings.recall_index else " (indexing on write is off)"))
+
+    def _mfs_doctor(self, rest: list[str]) -> None:
+        """%mfs doctor [--repair]: check the store (tables, content hashes, missing uids)."""
+        from .doctor import doctor
+
+        if any(w != "--repair" for w in rest):
+            raise InputError("%mfs doctor takes only --repair")
+        store = self._store.uri if self._store is not None else (self.store or None)
+        lines, _ = doctor(store, "--repair" in rest)
+        print("\n".join(lines))
 
     def _mfs_sessions(self, rest: list[str]) -> None:
         names = self._get_store().sessions()

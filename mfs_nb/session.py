@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from . import clearing, snapshots
 from .clearing import Clearing
 from .compaction import Compactor
-from .errors import ConfigError, InputError, MfsError, PromptTooLong
+from .errors import ConfigError, InputError, MfsError, PromptTooLong, StoreError
 from .events import Event, clean_text
 from .facts import FactTrack, fact_track
 from .index import Indexer
@@ -141,6 +141,7 @@ class Session:
         self._events: list[Event] = self.store.load_events(name)
         self._meter = Meter.from_json(meta.get("anchor"))
         self.history: list[dict[str, Any]] = list((meta.get("anchor") or {}).get("history") or [])
+        self._breaker: dict[str, Any] | None = (meta.get("anchor") or {}).get("breaker")
         ledger = self.store.load_ledger(name)
         self._ledger_seq = len(ledger)
         last_clearing = next((r for r in reversed(ledger) if r["kind"] == "clearing"), None)
@@ -152,10 +153,13 @@ class Session:
         self.last_plan: CallPlan | None = None
         self._injected_llm = llm
         self._llm: ChatModel | None = llm
+        self._summarizer: ChatModel | None = None
         self._window: int | None = None
         self.tools: dict[str, Tool] = {}
         self.register_tool(Tool("recall_history", RECALL_DESCRIPTION, RECALL_SCHEMA, self._recall_tool))
         self.register_tool(Tool("recall_search", SEARCH_DESCRIPTION, SEARCH_SCHEMA, self._search_tool))
+        if self.settings.window_tokens:  # validated before anything is saved
+            self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
         if explicit or not meta:
             self._save_meta()
         # S2 boundaries are declared by clearing rows in the ledger; the newest one is in force.
@@ -163,13 +167,12 @@ class Session:
         self._prune_before = int(last_clearing["prune_before"]) if last_clearing else 0
         self.verbatim = VerbatimTrack(self)
         self.compactor = Compactor(self)
+        self._check_log_intact()
         self.indexer = Indexer(self, enabled=self.settings.recall_index)
         if self._events:
             self.indexer.kick()  # a restart resumes indexing where it stopped
         self._raw_cache = RawCache()
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
-        if self.settings.window_tokens:
-            self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
         from . import warm
 
         if warm.enabled() and self._injected_llm is None:  # the embedding gate off the chat turns
@@ -177,19 +180,30 @@ class Session:
 
             warm_gate_in_background(self.settings.embedding_model)
 
+    def _check_log_intact(self) -> None:
+        """Segments and verdicts that name uids past the end of the log mean the events table lost
+        rows (removed, damaged, rolled back): stop with one line instead of reusing those uids."""
+        high = max([self.compactor.covered_to, *self.verbatim.verdicts], default=0)
+        if high > self.last_uid:  # another kernel may have appended since we read the log
+            self._events += [e for e in self.store.load_events(self.name, uid_from=self.last_uid + 1)
+                             if e.uid > self.last_uid]
+        if high > self.last_uid:
+            raise StoreError(
+                f"table events of session {self.name!r} ends at uid {self.last_uid}, but the store refers to uids up to "
+                f"{high}: rows were lost or rolled back. Nothing was changed; run `mfs-nb doctor --store "
+                f"{self.store.uri}` (uids are never reused)")
+
     # -- configuration ---------------------------------------------------------------------
     def configure(self, **values: Any) -> Settings:
         """Validate and apply settings; on any error nothing changes. Saved with the session."""
         with self._lock:
             new = self.settings.with_values(**values)
-            if new.fallback_model and not os.environ.get("MFS_FALLBACK_API_KEY"):
-                raise ConfigError("a fallback endpoint needs MFS_FALLBACK_API_KEY in the environment (keys are never saved)")
             window = _window_for(new)
             self._check_overhead(_profile(window, new), new)
             self.settings, self._window = new, window
             self._saved.update({k: getattr(new, k) for k in values})
             if self._injected_llm is None:
-                self._llm = None  # rebuilt with the new endpoints on the next call
+                self._llm = self._summarizer = None  # rebuilt with the new endpoints on the next call
             self._save_meta()
             return new
 
@@ -199,10 +213,24 @@ class Session:
     @property
     def llm(self) -> ChatModel:
         if self._llm is None:
-            s = self.settings
-            primary, fallback = default_endpoints(s.model, s.api_base, s.fallback_model, s.fallback_base_url)
-            self._llm = LLM(primary, fallback, timeout_s=s.timeout_s)
+            self._llm = self._new_llm("chat")
         return self._llm
+
+    @property
+    def summarizer(self) -> ChatModel:
+        """The summarizer's client: the same endpoints with health of its own, so its failures
+        never move the chat to the fallback (an injected model serves both)."""
+        if self._injected_llm is not None:
+            return self._injected_llm
+        if self._summarizer is None:
+            self._summarizer = self._new_llm("summarizer")
+        return self._summarizer
+
+    def _new_llm(self, use: str) -> LLM:
+        s = self.settings
+        primary, fallback = default_endpoints(s.model, s.api_base, s.fallback_model, s.fallback_base_url)
+        return LLM(primary, fallback, timeout_s=s.timeout_s, use=use,
+                   on_switch=lambda kind, data: self._log(kind, **data))
 
     @property
     def window(self) -> int:
@@ -541,7 +569,10 @@ class Session:
                     break
                 for call in completion.tool_calls:
                     fn = call.get("function") or {}
-                    result = call_tool(self.tools, fn.get("name", ""), fn.get("arguments", ""))
+                    try:
+                        result = call_tool(self.tools, fn.get("name", ""), fn.get("arguments", ""))
+                    except Exception as exc:  # pairing never breaks: every call gets a result event
+                        result = f"error: the tool call could not be executed ({type(exc).__name__})"
                     event = self.record("tool", result, tool_call_id=call["id"], name=fn.get("name", ""))
                     uids.append(event.uid)
             assert completion is not None
@@ -675,7 +706,8 @@ class Session:
 
     def _save_meta(self) -> None:
         self.store.save_meta(self.name, settings=self._saved,
-                             anchor={**self._meter.to_json(), "history": self.history[-HISTORY:]})
+                             anchor={**self._meter.to_json(), "history": self.history[-HISTORY:],
+                                     "breaker": self._breaker})
 
     def status(self) -> dict[str, Any]:
         """What `%mfs status` shows."""
@@ -690,6 +722,8 @@ class Session:
             "turns": self.turn,
             "usage": usage.to_json(),
             "endpoint": llm.describe() if isinstance(llm, LLM) else type(llm).__name__,
+            "summarizer": self.summarizer.describe() if isinstance(self.summarizer, LLM) else type(llm).__name__,
+            "breaker": self.compactor.breaker_line(),
             "settings": self.settings.public(),
         }
 

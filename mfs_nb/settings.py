@@ -7,6 +7,7 @@ API keys are read from the environment by the LLM boundary and never saved.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import asdict, dataclass, fields, replace
@@ -115,15 +116,15 @@ def _parse(key: str, raw: Any) -> Any:
     if kind == "int":
         try:
             return _int(raw)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # inf, nan, text
             raise ConfigError(f"{key}={raw!r} is not a whole number") from None
     if kind == "float":
         try:
             value = float(raw)
         except (TypeError, ValueError):
             raise ConfigError(f"{key}={raw!r} is not a number") from None
-        if value != value:
-            raise ConfigError(f"{key} must not be NaN")
+        if not math.isfinite(value):
+            raise ConfigError(f"{key}={raw!r} must be a finite number (not inf or NaN)")
         return value
     if raw is None:
         return ""

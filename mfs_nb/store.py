@@ -85,6 +85,19 @@ COMPACTIONS_SCHEMA = pa.schema(
     ]
 )
 
+# The compaction lease (lease.py): claim / renew / release rows, appended only.
+LEASES_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("session", pa.string()),
+        ("claim", pa.string()),
+        ("kind", pa.string()),
+        ("owner", pa.string()),
+        ("expires", pa.float64()),
+        ("time", pa.string()),
+    ]
+)
+
 VERBATIM_SCHEMA = pa.schema(
     [
         ("key", pa.string()),
@@ -139,6 +152,17 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+def _store_problem(uri: str, table: str, exc: BaseException) -> str:
+    """One line for a store that cannot be read or written."""
+    text = " ".join(str(exc).split())[:200]
+    where = f"table {table} of the store at {uri}" if table else f"the store at {uri}"
+    if isinstance(exc, PermissionError) or re.search(r"read-only|permission denied|os error 30|os error 13", text, re.I):
+        return f"{where} is read-only: open it from a writable folder or copy it (MFS_STORE=…) ({text})"
+    if re.search(r"no space|os error 28|disk full|quota", text, re.I):
+        return f"{where}: the disk is full; free space and re-run (nothing acknowledged was lost) ({text})"
+    return f"{where} cannot be read or written ({text}); run `mfs-nb doctor --store {uri}`"
+
+
 def resolve_uri(store: str | os.PathLike[str] | None) -> str:
     """The store location: the argument, else ``MFS_STORE``, else ``./.mfs``. URIs pass through."""
     uri = str(store) if store else os.environ.get("MFS_STORE") or DEFAULT_STORE
@@ -157,15 +181,17 @@ class Store:
 
             # Every read sees the latest version, so another kernel's writes are never missed.
             self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
+            self._check_core_tables()
             self._events = self._table("events", EVENTS_SCHEMA)
             self._sessions = self._table("sessions", SESSIONS_SCHEMA)
             self._ledger = self._table("ledger", LEDGER_SCHEMA)
             self._compactions = self._table("compactions", COMPACTIONS_SCHEMA)
             self._verbatim = self._table("verbatim", VERBATIM_SCHEMA)
+            self._leases = self._table("leases", LEASES_SCHEMA)
         except StoreError:
             raise
         except Exception as exc:  # lancedb raises many types; the user needs one line
-            raise StoreError(f"cannot open the store at {self.uri}: {exc}") from exc
+            raise StoreError(_store_problem(self.uri, "", exc)) from exc
         self._lock = threading.Lock()
         self._writes = 0
 
@@ -177,6 +203,18 @@ class Store:
     @property
     def is_local(self) -> bool:
         return "://" not in self.uri
+
+    def _check_core_tables(self) -> None:
+        """A store that has tables but lacks the events or sessions table is damaged: say so, naming
+        the table, instead of creating it empty (which would restart uids at 1)."""
+        names = _table_names(self._db)
+        if not names:
+            return
+        for core in ("events", "sessions"):
+            if core not in names and (core != "sessions" or "events" in names):
+                raise StoreError(f"table {core} is missing from the store at {self.uri} (it has "
+                                 f"{', '.join(sorted(names))}); nothing was changed: run `mfs-nb doctor --store "
+                                 f"{self.uri}` to see what can be recovered")
 
     def _table(self, name: str, schema: pa.Schema) -> Any:
         try:
@@ -205,7 +243,7 @@ class Store:
                     .execute(pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA))
                 )
             except Exception as exc:
-                raise StoreError(f"cannot write to the store at {self.uri}: {exc}") from exc
+                raise StoreError(_store_problem(self.uri, "events", exc)) from exc
             self._after_write()
             if result.num_inserted_rows != len(rows) or not self.is_local:
                 self._check_own(rows)
@@ -225,6 +263,16 @@ class Store:
                 yield
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @contextmanager
+    def _writing(self, table: str) -> Iterator[None]:
+        """A failed write (read-only store, full disk, damaged table) is one line naming the table."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(_store_problem(self.uri, table, exc)) from exc
 
     def _check_own(self, rows: list[dict[str, Any]]) -> None:
         """Each key must now resolve to our row; two truly simultaneous inserts resolve to one winner."""
@@ -254,7 +302,10 @@ class Store:
             where += f" AND uid >= {int(uid_from)}"
         if uid_to is not None:
             where += f" AND uid <= {int(uid_to)}"
-        rows = self._events.search().where(where).limit(None).to_list() if self._events.count_rows() else []
+        try:
+            rows = self._events.search().where(where).limit(None).to_list() if self._events.count_rows() else []
+        except Exception as exc:  # a damaged data file: one line that names the table and what to do
+            raise StoreError(_store_problem(self.uri, "events", exc)) from exc
         by_key: dict[str, list[dict[str, Any]]] = {}
         for r in rows:
             by_key.setdefault(r["key"], []).append(r)
@@ -294,7 +345,7 @@ class Store:
             "created_at": old.get("created_at") or now_iso(),
             "updated_at": now_iso(),
         }
-        with self._lock:
+        with self._lock, self._writing("sessions"):
             (
                 self._sessions.merge_insert("session")
                 .when_matched_update_all()
@@ -307,7 +358,7 @@ class Store:
         """One protocol step (started | summary_completed | declared | finished | aborted)."""
         row = {"key": f"{session}\x1f{seq:08d}\x1f{phase}", "session": session, "seq": seq, "phase": phase,
                "time": now_iso(), "data": json.dumps(data, sort_keys=True, ensure_ascii=False)}
-        with self._lock:
+        with self._lock, self._writing("compactions"):
             (
                 self._compactions.merge_insert("key")
                 .when_not_matched_insert_all()
@@ -322,6 +373,25 @@ class Store:
         rows.sort(key=lambda r: (r["seq"], order.get(r["phase"], 9)))
         return [{"seq": r["seq"], "phase": r["phase"], "time": r["time"], **json.loads(r["data"])} for r in rows]
 
+    # -- the compaction lease (lease.py) ----------------------------------------------------
+    def append_lease(self, session: str, claim: str, kind: str, owner: str, expires: float, n: int = 0) -> None:
+        row = {"key": f"{session}\x1f{claim}\x1f{kind}\x1f{n}", "session": session, "claim": claim, "kind": kind,
+               "owner": owner, "expires": float(expires), "time": now_iso()}
+        with self._lock:
+            try:
+                (
+                    self._leases.merge_insert("key")
+                    .when_not_matched_insert_all()
+                    .execute(pa.Table.from_pylist([row], schema=LEASES_SCHEMA))
+                )
+            except Exception as exc:
+                raise StoreError(_store_problem(self.uri, "leases", exc)) from exc
+
+    def load_leases(self, session: str) -> list[dict[str, Any]]:
+        if not self._leases.count_rows():
+            return []
+        return self._leases.search().where(f"session = {_quote(session)}").limit(None).to_list()
+
     # -- ledger ---------------------------------------------------------------------------
     def append_ledger(self, session: str, seq: int, kind: str, data: dict[str, Any], writer: str = "") -> dict[str, Any]:
         """One ledger row; the key carries the writer, so two kernels never overwrite each other's rows."""
@@ -333,7 +403,7 @@ class Store:
             "kind": kind,
             "data": json.dumps(data, sort_keys=True, ensure_ascii=False),
         }
-        with self._lock:
+        with self._lock, self._writing("ledger"):
             (
                 self._ledger.merge_insert("key")
                 .when_not_matched_insert_all()
@@ -359,7 +429,7 @@ class Store:
                   "disposition": r["disposition"], "source": r["source"],
                   "data": json.dumps(r["data"], sort_keys=True, ensure_ascii=False), "model": r.get("model") or "",
                   "created_at": now_iso()} for r in rows]
-        with self._lock:
+        with self._lock, self._writing("verbatim"):
             (
                 self._verbatim.merge_insert("key")
                 .when_not_matched_insert_all()
@@ -618,3 +688,70 @@ def _ensure_text_indexes(table: Any) -> None:
         table.create_index("cjk", config=FTS(base_tokenizer="ngram", ngram_min_length=2, ngram_max_length=3,
                                              stem=False, remove_stop_words=False, ascii_folding=False))
     _ensure_scalar_indexes(table)
+
+
+# -- damaged stores (doctor.py decides; these read and write the tables) ----------------------
+def _table_names(db: Any) -> set[str]:
+    """Every table name (all pages; lancedb's table_names is deprecated and stops at 10)."""
+    names: set[str] = set()
+    token = None
+    while True:
+        page = db.list_tables(page_token=token)
+        names.update(page.tables)
+        token = page.page_token
+        if not token:
+            return names
+
+
+def table_report(uri: str) -> dict[str, dict[str, Any]]:
+    """Every table of a store: whether it reads in full, its row count and its versions."""
+    import lancedb
+
+    db = lancedb.connect(resolve_uri(uri))
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(_table_names(db)):
+        info: dict[str, Any] = {"ok": False, "rows": None, "versions": [], "error": ""}
+        try:
+            table = db.open_table(name)
+            info["versions"] = [int(v["version"]) for v in table.list_versions()]
+            info["rows"] = table.count_rows()
+            table.to_arrow()
+            info["ok"] = True
+        except Exception as exc:
+            info["error"] = " ".join(str(exc).split())[:200]
+        out[name] = info
+    return out
+
+
+def salvage_rows(uri: str, name: str, chunk: int = 64) -> tuple[list[dict[str, Any]], int]:
+    """The rows of a table that still read, row groups first, then one by one; and how many did not."""
+    import lancedb
+
+    table = lancedb.connect(resolve_uri(uri)).open_table(name)
+    total = table.count_rows()
+    good: list[dict[str, Any]] = []
+    bad = 0
+    stack = [(i, min(i + chunk, total)) for i in range(0, total, chunk)]
+    while stack:
+        a, b = stack.pop(0)
+        try:
+            good += table.take_offsets(list(range(a, b))).to_arrow().to_pylist()
+        except Exception:
+            if b - a == 1:
+                bad += 1
+            else:
+                mid = (a + b) // 2
+                stack[:0] = [(a, mid), (mid, b)]
+    return good, bad
+
+
+def rewrite_events(uri: str, rows: list[dict[str, Any]]) -> None:
+    """Write the salvaged events as a new version of the events table (older versions stay)."""
+    import lancedb
+
+    db = lancedb.connect(resolve_uri(uri))
+    data = pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA)
+    if "events" in _table_names(db):
+        db.open_table("events").add(data, mode="overwrite")
+    else:
+        db.create_table("events", data=data, schema=EVENTS_SCHEMA)

@@ -141,15 +141,53 @@ def parse_range(uid_from: Any, uid_to: Any = None) -> tuple[int, int]:
     return a, b
 
 
+MAX_ARGUMENT_CHARS = 200_000
+MAX_ARGUMENT_DEPTH = 32
+
+
+def check_arguments(arguments: str | None) -> str:
+    """Why tool-call arguments are too large or too deeply nested to parse ('' when fine)."""
+    text = arguments or ""
+    if not isinstance(text, str):
+        return "are not text"
+    if len(text) > MAX_ARGUMENT_CHARS:
+        return f"are {len(text):,} chars, more than {MAX_ARGUMENT_CHARS:,}"
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > MAX_ARGUMENT_DEPTH:
+                return f"are nested more than {MAX_ARGUMENT_DEPTH} levels deep"
+        elif ch in "]}":
+            depth -= 1
+    return ""
+
+
 def call_tool(tools: dict[str, Tool], name: str, arguments: str) -> str:
     """Run one tool call; any failure becomes a short error result, never an exception."""
     tool = tools.get(name)
     if tool is None:
         return f"error: unknown tool {name!r}; available: {', '.join(sorted(tools)) or 'none'}"
+    bounded = check_arguments(arguments)
+    if bounded:
+        return f"error: arguments for {name} {bounded}"
     try:
         args = json.loads(arguments) if arguments and arguments.strip() else {}
     except json.JSONDecodeError as exc:
         return f"error: arguments for {name} are not valid JSON ({exc.msg} at position {exc.pos})"
+    except RecursionError:
+        return f"error: arguments for {name} are nested too deeply"
     if not isinstance(args, dict):
         return f"error: arguments for {name} must be a JSON object"
     try:

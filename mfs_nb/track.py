@@ -263,8 +263,9 @@ class VerbatimTrack:
             if embedder is not None and vectors:
                 try:
                     self.s.store.save_vectors(embedder.model_id, self.s.name, vectors)
-                except Exception:  # vectors are a record, not needed to render the track
-                    pass
+                except Exception as exc:  # vectors are a record, not needed to render the track; the ledger says so
+                    self.s._log("vector_write_failed", upto=upto, vectors=len(vectors),
+                                error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
             self.s._log("origin", upto=upto, **{k.replace("+", "_"): v for k, v in counts.items() if v})
             return len(todo)
 

@@ -10,11 +10,15 @@ from typing import Any
 
 
 class FakeProvider:
-    """`mode`: ok | 500 | 429 | 400 | 401 | slow | drop (close the stream mid-way)."""
+    """`mode`: ok | 500 | 429 | 400 | 401 | slow | drop (close the stream mid-way) | empty (200, no
+    choices) | null (200, null content) | garbage (200, not JSON) | ptl (400 prompt too long) |
+    summary500 (500 for summarizer requests only, ok for chats). `summary`: the text summarizer
+    requests get (default: the reply)."""
 
-    def __init__(self, mode: str = "ok", reply: str = "hello from fake", name: str = "fake"):
+    def __init__(self, mode: str = "ok", reply: str = "hello from fake", name: str = "fake", summary: str | None = None):
         self.mode = mode
         self.reply = reply
+        self.summary = summary
         self.name = name
         self.hits: list[dict[str, Any]] = []
         provider = self
@@ -26,7 +30,8 @@ class FakeProvider:
             def do_POST(self) -> None:
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 provider.hits.append({"path": self.path, "model": body.get("model"), "stream": body.get("stream", False),
-                                      "auth": self.headers.get("Authorization", ""), "body": body})
+                                      "auth": self.headers.get("Authorization", ""), "body": body,
+                                  "headers": dict(self.headers.items())})
                 provider.handle(self, body)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -51,6 +56,33 @@ class FakeProvider:
 
     def handle(self, h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
         mode = self.mode
+        last = ((body.get("messages") or [{}])[-1].get("content") or "")
+        summarizing = isinstance(last, str) and last.startswith("<<mfs:summarize>>")
+        reply = self.summary if summarizing and self.summary is not None else self.reply
+        if mode == "summary500":
+            mode = "500" if summarizing else "ok"
+        if mode == "ptl":
+            self._json(h, 400, {"error": {"message": "This model's maximum context length is 8192 tokens. However, "
+                                                     "your messages resulted in 9000 tokens.",
+                                          "type": "invalid_request_error", "code": "context_length_exceeded"}})
+            return
+        if mode == "empty":
+            self._json(h, 200, {"id": "x", "object": "chat.completion", "created": 1, "model": body.get("model"),
+                                "choices": []})
+            return
+        if mode == "null" and not body.get("stream"):
+            self._json(h, 200, {"id": "x", "object": "chat.completion", "created": 1, "model": body.get("model"),
+                                "choices": [{"index": 0, "message": {"role": "assistant", "content": None},
+                                             "finish_reason": "stop"}]})
+            return
+        if mode == "garbage":
+            data = b"<html>not json at all"
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(data)))
+            h.end_headers()
+            h.wfile.write(data)
+            return
         if mode in ("500", "429", "400", "401"):
             self._json(h, int(mode), {"error": {"message": f"{self.name} says {mode}", "type": "server_error",
                                                 "code": mode}})
@@ -61,13 +93,13 @@ class FakeProvider:
                  "prompt_tokens_details": {"cached_tokens": 40}}
         if not body.get("stream"):
             self._json(h, 200, {"id": "x", "object": "chat.completion", "created": 1, "model": body.get("model"),
-                                "choices": [{"index": 0, "message": {"role": "assistant", "content": self.reply},
+                                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
                                              "finish_reason": "stop"}], "usage": usage})
             return
         h.send_response(200)
         h.send_header("Content-Type", "text/event-stream")
         h.end_headers()
-        words = self.reply.split(" ")
+        words = [] if mode == "null" else reply.split(" ")
         for i, word in enumerate(words):
             chunk = {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": body.get("model"),
                      "choices": [{"index": 0, "delta": {"content": word + (" " if i < len(words) - 1 else "")},

@@ -158,10 +158,11 @@ def run(data: Data, quick: bool, model: str | None = None, judge_model: str | No
                          "payload_tokens": sum(message_tokens(m) for m in payload)})
     rows = []
     for strategy, by_cat in results.items():
-        for cat in [*sorted(by_cat), "all"]:
-            items = [x for c in by_cat.values() for x in c] if cat == "all" else by_cat[cat]
+        groups: list[tuple[str, list[dict[str, Any]]]] = [(f"{c} {CATEGORIES[c]}", by_cat[c]) for c in sorted(by_cat)]
+        groups.append(("all", [x for c in by_cat.values() for x in c]))
+        for label, items in groups:
             graded = [x["correct"] for x in items if x["correct"] is not None]
-            rows.append([strategy, "all" if cat == "all" else f"{cat} {CATEGORIES[cat]}", len(items),
+            rows.append([strategy, label, len(items),
                          f"{sum(graded) / len(graded):.1%}" if graded else "—",
                          f"{statistics.fmean(x['f1'] for x in items):.3f}",
                          f"{statistics.fmean(x['payload_tokens'] for x in items):,.0f}",

@@ -325,8 +325,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
         mfs = result["mfs_nb"]["facts_stated"]
         worst_adv = max(max(result[s]["facts"] or 0.0, result[s]["facts_stated"] or 0.0)
                         for s in baselines.ADVERSARIAL)
-        conv_name, window = key.rsplit("@", 1)
-        summary_rows.append([conv_name, f"{int(window) // 1000}k", f"{_pct(mfs)} ({result['mfs_nb']['n_stated']})",
+        conv_name, at = key.rsplit("@", 1)
+        summary_rows.append([conv_name, f"{int(at) // 1000}k", f"{_pct(mfs)} ({result['mfs_nb']['n_stated']})",
                              f"{_pct(best)} ({best_name})",
                              _ratio(mfs, best), _pct(worst_adv), f"{result['mfs_nb']['final_tokens']:,}",
                              f"{result[best_name]['final_tokens']:,}", _pct(result["mfs_nb"]["prefix"])])
