@@ -1,7 +1,7 @@
 """`mfs-nb doctor` / `%mfs doctor`: check a store, find what is readable, repair what can be.
 
 Checks every table (reads in full? rows, versions), every event's stored content hash, and every
-session's uids against what its segments and verdicts refer to. With `repair`, the events that
+session's uids against what its segments, verdicts and saved state (its uid high-water mark) refer to. With `repair`, the events that
 still read are written as a new version of the events table (LanceDB keeps the old versions), and
 each uid that could not be recovered gets a tombstone event saying so — so uids are never reused
 and the log stays contiguous. The report names exactly which uids were lost.
@@ -29,7 +29,7 @@ def _ranges(uids: list[int]) -> str:
 
 
 def _references(uri: str, tables: dict[str, dict[str, Any]]) -> dict[str, int]:
-    """The highest uid each session's segments and verdicts refer to."""
+    """The highest uid each session's segments, verdicts and saved state refer to."""
     high: dict[str, int] = {}
     if "compactions" in tables:
         for r in salvage_rows(uri, "compactions")[0]:
@@ -40,6 +40,14 @@ def _references(uri: str, tables: dict[str, dict[str, Any]]) -> dict[str, int]:
     if "verbatim" in tables:
         for r in salvage_rows(uri, "verbatim")[0]:
             high[r["session"]] = max(high.get(r["session"], 0), int(r["uid"]))
+    if "sessions" in tables:  # the high-water mark each session saves with its state
+        for r in salvage_rows(uri, "sessions")[0]:
+            try:
+                saved = int((json.loads(r.get("anchor") or "{}") or {}).get("last_uid") or 0)
+            except (ValueError, TypeError, AttributeError):
+                continue
+            if saved:
+                high[r["session"]] = max(high.get(r["session"], 0), saved)
     return high
 
 

@@ -142,6 +142,8 @@ class Session:
         self._meter = Meter.from_json(meta.get("anchor"))
         self.history: list[dict[str, Any]] = list((meta.get("anchor") or {}).get("history") or [])
         self._breaker: dict[str, Any] | None = (meta.get("anchor") or {}).get("breaker")
+        # the highest uid this session ever saved state after: a log that ends below it lost rows
+        self._saved_last_uid = int((meta.get("anchor") or {}).get("last_uid") or 0)
         ledger = self.store.load_ledger(name)
         self._ledger_seq = len(ledger)
         last_clearing = next((r for r in reversed(ledger) if r["kind"] == "clearing"), None)
@@ -181,9 +183,10 @@ class Session:
             warm_gate_in_background(self.settings.embedding_model)
 
     def _check_log_intact(self) -> None:
-        """Segments and verdicts that name uids past the end of the log mean the events table lost
-        rows (removed, damaged, rolled back): stop with one line instead of reusing those uids."""
-        high = max([self.compactor.covered_to, *self.verbatim.verdicts], default=0)
+        """Segments, verdicts or the saved state naming uids past the end of the log mean the events
+        table lost rows (removed, damaged, rolled back — even before any compaction): stop with one
+        line instead of reusing those uids."""
+        high = max([self.compactor.covered_to, self._saved_last_uid, *self.verbatim.verdicts], default=0)
         if high > self.last_uid:  # another kernel may have appended since we read the log
             self._events += [e for e in self.store.load_events(self.name, uid_from=self.last_uid + 1)
                              if e.uid > self.last_uid]
@@ -417,8 +420,7 @@ class Session:
         if not usage:
             return []
         note = self._meter.observe(view, self.token_counts(view), usage)
-        self._last_provider_usage = usage
-        self._save_meta()
+        self._last_provider_usage = usage  # saved with the session at the end of the turn
         if note:
             self._log("calibration", k=round(self._meter.k, 4), note=note)
             return [note]
@@ -576,6 +578,7 @@ class Session:
                     event = self.record("tool", result, tool_call_id=call["id"], name=fn.get("name", ""))
                     uids.append(event.uid)
             assert completion is not None
+            self._save_meta()  # once per turn: the anchor and the uid high-water mark
             return Reply(completion.text, self.usage(), completion.usage, notices, uids, completion.endpoint)
 
     def _call_with_ptl_retry(self, plan: CallPlan, tools: list[dict[str, Any]] | None, stream: bool,
@@ -707,7 +710,8 @@ class Session:
     def _save_meta(self) -> None:
         self.store.save_meta(self.name, settings=self._saved,
                              anchor={**self._meter.to_json(), "history": self.history[-HISTORY:],
-                                     "breaker": self._breaker})
+                                     "breaker": self._breaker,
+                                     "last_uid": max(self.last_uid, getattr(self, "_saved_last_uid", 0))})
 
     def status(self) -> dict[str, Any]:
         """What `%mfs status` shows."""

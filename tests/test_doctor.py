@@ -39,11 +39,27 @@ def test_removed_events_table_is_an_error_naming_it_then_doctor_repairs(store_di
     assert any("could not be recovered" in x for x in lines)
     again = Session("d", store=store_dir, window_tokens=4096, llm=Model())
     covered = again.compactor.covered_to
-    assert again.last_uid == covered and covered <= last  # tombstones up to what segments name
+    assert covered <= again.last_uid <= last  # tombstones up to the session's saved high-water mark
     assert again.recall(1, 1)[0].content.startswith("[uid 1 could not be recovered")
+    high = again.last_uid
     new = again.chat("after the repair")
-    assert new.uids[0] == covered + 1  # never a reused uid
+    assert new.uids[0] == high + 1  # never a reused uid
     assert again.coverage()["lost"] == 0
+
+
+def test_a_session_that_never_compacted_keeps_its_uids_after_its_log_is_lost(store_dir):
+    s = Session("n", store=store_dir, window_tokens=64_000, llm=Model())
+    for i in range(3):
+        s.chat(f"turn {i}: nothing to compact yet")
+    assert not s.compactor.segments and s.last_uid >= 6
+    high = s.last_uid - 1  # the state is saved after the reply is priced: at least up to the user's message
+    shutil.rmtree(Path(store_dir) / "events.lance")
+    with pytest.raises(StoreError, match="table events is missing"):
+        Session("n", store=store_dir, window_tokens=64_000, llm=Model())
+    doctor(store_dir, repair=True)
+    again = Session("n", store=store_dir, window_tokens=64_000, llm=Model())
+    assert again.last_uid >= high  # tombstones up to the saved mark: uids 1.. are not handed out again
+    assert again.chat("after the repair").uids[0] > high
 
 
 def test_changed_byte_and_truncated_file_are_found(store_dir):

@@ -37,7 +37,9 @@ class Model:
         if last.startswith("<<mfs:summarize>>"):
             users = [(m.get("content") or "")[:60] for m in messages[1:-1] if m.get("role") == "user"]
             return Completion("- the user discussed: " + "; ".join(users), [], None, "primary", "fake")
-        return Completion(f"noted: {last[:80]}", [], None, "primary", "fake")
+        # a reply with substance, as a model's would be: compacting it makes the payload smaller
+        return Completion(f"noted: {last[:80]}. " + "The trade-offs of this choice, step by step. " * 12, [], None,
+                          "primary", "fake")
 
 
 def message(tag: str, i: int, rng: random.Random) -> str:
