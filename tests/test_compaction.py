@@ -72,7 +72,10 @@ def test_segment_text_has_header_honesty_line_prose_and_facts(store_dir):
     first = s.compactor.segments[0] if s.compactor.segments else None
     assert first is not None
     text = first.render()
-    assert text.startswith(f"[segment #{first.id} · uids {first.uid_from}–{first.uid_to}]\n{HONESTY}\n\n- summary of")
+    header, _, rest = text.partition("\n")
+    assert header.startswith(f"[segment #{first.id} · uids {first.uid_from}–{first.uid_to}") and header.endswith("]")
+    assert " · topics: " in header  # a few topic words, so the model knows what to search for
+    assert rest.startswith(f"{HONESTY}\n\n- summary of")
     assert "Facts (verbatim):\n- " in text and "deploy/pool_" in text
     view = s.send_view()
     contents = [m["content"] for m in view.messages]
@@ -184,6 +187,8 @@ def test_atomic_commit_rejects_a_stale_result(store_dir):
 
     stale = build(99, events, "- a summary that no longer matches")
     forged = type(stale)(**{**stale.to_json(), "covered_hash": "0" * 32})
+    assert "lock" in s.compactor.commit(forged)  # without the compaction lock nothing commits
+    assert s.compactor.lease.acquire()
     assert "changed" in s.compactor.commit(forged)
     gap = type(stale)(**{**stale.to_json(), "uid_from": 3})
     assert "no longer follows" in s.compactor.commit(gap)
@@ -265,7 +270,10 @@ def test_compact_magic(tmp_path, monkeypatch, capsys):
         shell.run_line_magic("load_ext", "mfs_nb")
         shell.run_line_magic("compact", "")
         assert "nothing to compact" in capsys.readouterr().out
-        for i in range(5):  # short questions: the offline default's long notices are what compacts
+        doc = tmp_path / "notes.md"  # an attached document: compaction leaves a pointer in its place
+        doc.write_text("# Pool notes\n\n" + "The pool was resized after the incident review. " * 80, encoding="utf-8")
+        shell.run_cell_magic("chat", f"--no-stream --doc {doc}", "read these notes")
+        for i in range(4):
             shell.run_cell_magic("chat", "--no-stream", f"question {i} about the pool")
         shell.run_line_magic("compact", "keep the numbers")
         out = capsys.readouterr().out

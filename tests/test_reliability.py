@@ -57,7 +57,8 @@ def test_usable_summaries_pass_and_long_ones_are_cut_with_a_note():
 
 
 def test_a_rejected_summary_counts_as_a_failure_and_the_range_stays_covered(store_dir):
-    fake = FakeLLM(summary_text="I'm unable to summarize this conversation.")
+    fake = FakeLLM(summary_text="I'm unable to summarize this conversation.",
+                   default="Here is what that means for the billing replicas, step by step. " * 12)
     s = Session("rej", store=store_dir, window_tokens=32000, llm=fake)
     for i in range(6):
         s.chat(f"turn {i}: billing replicas stay under {20 + i} connections")

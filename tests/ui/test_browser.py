@@ -102,7 +102,7 @@ def test_outputs_render_and_survive_a_reopen_in_jupyterlab(tmp_path):
         assert state["ledgerRows"] > 1 and "compaction" in state["ledgerText"] and state["ledgerFits"]
     assert result["reopened"]["layers"] == result["layers"] and result["reopened"]["meter"] == result["meter"]
     assert result["segmentOpen"] is True
-    assert result["segmentText"].startswith("[user] [segment #1 · uids 1–2]")
+    assert result["segmentText"].startswith("[user] [segment #1 · uids 1–2 · topics: ")
     # an XSS probe in the user's text renders as inert text
     assert "<script>alert(1)</script> stays text" in result["rawText"]
     assert result["injected"] == 0 and result["dialogs"] == []
