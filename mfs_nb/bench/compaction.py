@@ -94,7 +94,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
               if len(c["messages"]) > 100]
     plan = [(name, msgs, w) for name, msgs in convs for w in WINDOWS]
     if quick:
-        plan = [(convs[0][0], convs[0][1], 8_000), (convs[-1][0], convs[-1][1], 32_000)]
+        plan = [(convs[0][0], convs[0][1], 8_000)]
     rows, results = [], {}
     for name, msgs, window in plan:
         r = run_one(normalise(to_openai(msgs)), window)
@@ -104,6 +104,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                      r["lost"], _pct(r["fact_lines_in_payload"]),
                      f"{_pct(r['facts_in_context'])} ({r['n_facts']})", f"{r['ms_per_call']:.1f}"])
     name, msgs, window = plan[0]
+    if quick:  # the determinism check on the first 120 messages: the same property, a quarter of the time
+        msgs, name = msgs[:120], f"{name}, first 120 messages"
     a = run_one(normalise(to_openai(msgs)), window)
     b = run_one(normalise(to_openai(msgs)), window)
     deterministic = a["segments_json"] == b["segments_json"] and a["final"] == b["final"]
