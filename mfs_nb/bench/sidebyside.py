@@ -1,7 +1,7 @@
 """Suite `baselines`: mfs_nb side by side with the strategies other tools use (`baselines.py`).
 
 Same transcript, same window, same payload budget (the usable window), same estimator and offline
-summarizer for every strategy; two adversarial strategies (a bag of atoms, a bare uid map) run
+summarizer for every strategy; three adversarial strategies (a bag of atoms, atoms with filler, a bare uid map) run
 beside them so that a metric which rewards keeping nothing useful shows at once.
 
 The headline is **facts in context** (`atoms.py`, which shares no code with the engine): the
@@ -370,7 +370,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                       _pct(r["kind_ident"]), r["n_facts"]] for r in prod]})
     return {
         "title": "Side by side: mfs_nb against last-N, truncate-to-fit, rolling summary, user-messages + summary, "
-                 "and two adversarial strategies",
+                 "and three adversarial strategies",
         "tables": tables,
         "notes": [
             "Every strategy gets the same transcript, window, payload budget (the usable window), estimator and "
