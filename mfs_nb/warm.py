@@ -63,9 +63,17 @@ def _store(_: Warmup) -> None:
 
 
 def _model_client(_: Warmup) -> None:
-    from .llm import litellm_module
+    """Import litellm ahead of the first call only for a configured real model, and only when asked
+    (MFS_WARM_MODEL_CLIENT=1): importing it in a thread while the notebook's thread collects one of
+    its half-built HTTP clients deadlocked on the import lock (seen in `mfs-nb bench ux`). The
+    offline default never needs it."""
+    import os
 
-    litellm_module()
+    from .llm import is_offline, litellm_module
+    from .settings import OFFLINE_MODEL
+
+    if os.environ.get("MFS_WARM_MODEL_CLIENT") == "1" and not is_offline(os.environ.get("MFS_MODEL") or OFFLINE_MODEL):
+        litellm_module()
 
 
 def _embedder(w: Warmup) -> None:
