@@ -13,8 +13,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .events import Event
-from .tokens import estimate_tokens, newest_within
+from .tokens import estimate_tokens
 
 ERROR, COMMAND, PATH, NUMBER = 0, 1, 2, 3
 
@@ -155,55 +154,16 @@ def budgeted(facts: Iterable[Fact], max_lines: int = 40, max_tokens: int = 2400)
     return FactList([unique[i] for i in sorted(keep)], len(unique) - len(keep))
 
 
-def tool_digest(text: str, head: int = 400, tail: int = 200, max_facts: int = 12) -> str:
-    """The compressor's view of a tool result (seed 000 §3.4): head 400 + tail 200 characters plus
-    its first 12 fact lines. Deterministic; short results pass unchanged."""
+def tool_digest(text: str, head: int = 400, tail: int = 200, max_facts: int = 12,
+                taken: Iterable[str] = ()) -> str:
+    """The compressor's view of a tool result (seed 000 §3.4, §4.9): head 400 + tail 200 characters
+    plus its first 12 fact lines that the fact track has not `taken` already, so the prose is asked
+    to cover what the verbatim lines do not. Deterministic; short results pass unchanged."""
     if len(text) <= head + tail + 50:
         return text
-    facts = [f.text for f in extract(text)[:max_facts]]
+    skip = set(taken)
+    facts = [f.text for f in extract(text) if not any(f.text in t or t in f.text for t in skip)][:max_facts]
     out = text[:head] + f"\n[… {len(text) - head - tail:,} chars elided …]\n" + text[-tail:]
     if facts:
         out += "\n[fact lines]\n" + "\n".join(facts)
     return out
-
-
-# -- the fact track of the compacted history ------------------------------------------------------
-@dataclass(frozen=True)
-class FactTrack:
-    """Fact lines of covered user and assistant messages that no segment in the payload shows."""
-
-    text: str
-    upto: int
-    first_uid: int | None
-    dropped: tuple[int, int] | None
-    tokens: int
-
-
-def fact_track(events: Iterable[Event], upto: int, skip_uids: set[int], budget: int, shown_text: str = ""
-               ) -> FactTrack | None:
-    """Newest lines first within `budget` tokens; the older rest is named as recallable.
-    `shown_text`: what the segments in the payload say (their fact lists and prose); a line found
-    there word for word is not repeated. `skip_uids`: messages the user-verbatim track keeps
-    whole. Rebuilt only when the covered prefix moves."""
-    if budget <= 0:
-        return None
-    lines: list[tuple[int, str]] = []
-    seen: set[str] = set()
-    for e in events:
-        if e.uid > upto or e.role not in ("user", "assistant") or e.uid in skip_uids:
-            continue
-        for f in extract(e.content, e.uid):
-            if f.text not in seen and f.text not in shown_text:
-                seen.add(f.text)
-                lines.append((e.uid, f"- {f.text} [#{e.uid}]"))
-    header = f"[fact lines of the compacted history up to #{upto}, verbatim; recall_history gives their context]"
-    kept, dropped = newest_within(lines, budget - estimate_tokens(header) - 40)
-    if not kept:
-        return None
-    body = [header]
-    if dropped:
-        body.append(f"[older fact lines of uids {dropped[0]}–{dropped[1]} left for the budget; recall_history "
-                    "returns them]")
-    body += [line for _, line in kept]
-    text = "\n".join(body)
-    return FactTrack(text, upto, kept[0][0], dropped, estimate_tokens(text))

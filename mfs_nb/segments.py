@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any
 
+from . import workset
 from .events import Event
-from .facts import FactList, budgeted, extract, tool_digest
+from .facts import tool_digest
 from .tokens import estimate_tokens, message_tokens
 from .view import pair_tool_messages
 
@@ -133,11 +134,20 @@ def target_tokens(range_tokens: int) -> int:
 
 
 def compressor_messages(events: Sequence[Event]) -> list[dict[str, Any]]:
-    """The covered events as messages, tool results reduced to the digest, pairs kept whole."""
+    """The covered events as messages, tool results reduced to the digest, pairs kept whole. The
+    digest leaves out the error lines the range's fact list carries verbatim (seed 000 §4.9), so
+    the prose covers what the facts do not."""
+    taken = fact_list(events).lines
+    by_uid: dict[int, list[str]] = {}
+    for line in taken:
+        if line.group == "errors":
+            for uid in line.uids:
+                by_uid.setdefault(uid, []).append(line.text.rsplit(" — ", 1)[-1])
     out = []
-    for message, _ in pair_tool_messages(events):
+    for message, at in pair_tool_messages(events):
         if message.get("role") == "tool":
-            message = {**message, "content": tool_digest(message.get("content") or "")}
+            message = {**message, "content": tool_digest(message.get("content") or "",
+                                                         taken=by_uid.get(at, ()) if at is not None else ())}
         out.append(message)
     if out and out[0].get("role") == "assistant":
         out.insert(0, {"role": "user", "content": "(continuing the conversation)"})
@@ -165,14 +175,11 @@ def clean_summary(text: str) -> str | None:
     return text
 
 
-def fact_list(events: Sequence[Event], max_lines: int = 40, max_tokens: int = 2_400) -> FactList:
-    """The verbatim fact track of a range (DESIGN §4): deterministic, with its budget."""
-    facts = []
-    for e in events:
-        facts.extend(extract(e.content, e.uid))
-        for call in e.tool_calls:
-            facts.extend(extract((call.get("function") or {}).get("arguments", ""), e.uid))
-    return budgeted(facts, max_lines, max_tokens)
+def fact_list(events: Sequence[Event], max_lines: int = 40, max_tokens: int = 2_400) -> workset.Budgeted:
+    """The verbatim fact list of a range (DESIGN §4, seed 000 §4.5): its working set — errors seen,
+    commands run, files touched, what the user and the assistant said — within 40 lines and 2,400
+    tokens, the same lines the session's fact track would show."""
+    return workset.budget(workset.lines_of(events), max_tokens, max_lines)
 
 
 def degraded_prose(events: Sequence[Event]) -> str:

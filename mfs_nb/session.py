@@ -24,7 +24,6 @@ from .clearing import Clearing
 from .compaction import Compactor
 from .errors import ConfigError, InputError, MfsError, PromptTooLong, StoreError
 from .events import Event, clean_text
-from .facts import FactTrack, fact_track
 from .index import Indexer
 from .llm import LLM, Completion, default_endpoints, is_offline, missing_key, model_window, redact
 from .meter import Meter
@@ -61,6 +60,7 @@ from .tools import (
 from .track import VerbatimTrack
 from .usage import TIERS, ContextProfile, Usage, human
 from .view import RawCache, SendView, drop_oldest_rounds, project
+from .workset import FactTrack, fact_track
 
 DEFAULT_WINDOW = 128_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -362,21 +362,26 @@ class Session:
         cache = self._raw_cache if clearing is None else None
         track = self.track()
         return project(self._events, self._system(), self._count, state, self.compactor.segments,
-                       self.compactor.evicted, cache, track, self.fact_track(track))
+                       self.compactor.evicted, cache, track, self.fact_track(track, state))
 
-    def fact_track(self, track: Any = None) -> FactTrack | None:
-        """Fact lines of the covered history that neither a segment in the payload nor the
-        user-verbatim track shows, within `fact_share` (newest first). Changes only at compaction events."""
+    def fact_track(self, track: Any = None, clearing: Clearing | None = None) -> FactTrack | None:
+        """The working set and fact lines of history the payload no longer shows as it was: text
+        lines of the compacted range, tool lines (files touched, commands run, errors seen) of the
+        compacted range and of the range whose tool results and arguments S2 cleared; less what a
+        segment in the payload or the user-verbatim track shows; within `fact_share`. Changes only
+        at compaction and clearing events (both already change the payload's structure)."""
         upto = self.compactor.covered_to
+        state = clearing or self.clearing_state()
+        tool_upto = max(upto, max(state.clear_before, state.prune_before) - 1)
         budget = int(self.settings.fact_share * self.profile().effective)
         segments = self.compactor.segments
         kept = tuple(track.kept) if track is not None else ()
-        key = (upto, tuple(x.id for x in segments), budget, kept)
+        key = (upto, tool_upto, tuple(x.id for x in segments), budget, kept)
         if self._fact_cache is not None and self._fact_cache[0] == key:
             return self._fact_cache[1]
         built = None
-        if upto and budget:
-            built = fact_track(self._events, upto, set(kept), budget, "\n".join(x.render() for x in segments))
+        if (upto or tool_upto > 0) and budget:
+            built = fact_track(self._events, upto, tool_upto, kept, budget, "\n".join(x.render() for x in segments))
         self._fact_cache = (key, built)
         return built
 

@@ -44,12 +44,35 @@ def test_extractor_kinds():
 def test_commands_from_tool_call_arguments():
     call = {"function": {"name": "Bash", "arguments": json.dumps(
         {"command": "cd /srv && mix test test/pool_test.exs --trace | tail -5", "description": "run tests"})}}
-    text, command = atoms.call_text(call)
-    assert "\\" not in text and "{" not in text  # JSON keys and escapes gone
+    text, carried, command = atoms.call_text(call)
+    assert "\\" not in text and "{" not in text and not carried  # JSON keys and escapes gone
     found = _keys(text, "tool_call", command)
     assert ("command", "mix test test/pool_test.exs --trace") in found
     assert ("command", "tail -5") in found
     assert not any(k == "command" and v.startswith("cd ") for k, v in found)
+
+
+def test_a_call_names_its_target_and_carries_its_content():
+    call = {"function": {"name": "Write", "arguments": json.dumps(
+        {"file_path": "/app/lib/pool.ex", "content": "defmodule Pool do\n  @size 120\n  # see lib/other.ex\nend\n"})}}
+    target, carried, command = atoms.call_text(call)
+    assert target == "Write /app/lib/pool.ex" and "lib/other.ex" in carried and command is None
+    sources = {source: text for source, text, _ in atoms.parts({"role": "assistant", "content": "", "tool_calls": [call]})}
+    assert set(sources) == {"tool_call", "tool_content"}
+    facts = atoms.fact_set([{"role": "assistant", "content": "", "tool_calls": [call]}])
+    by_key = {f.atom.key: f.source for f in (*facts.facts.values(), *facts.no_context.values())}
+    assert by_key.get("lib/pool.ex") == "tool_call" and by_key.get("lib/other.ex") == "tool_content"
+
+
+def test_working_set_markup_is_stripped():
+    payload = ("[working set and fact lines of the history up to #412, verbatim (compacted, or cleared from this "
+               "payload); recall_history gives their context]\nerrors seen:\n- boom [#17]\ncommands run:\n"
+               "- Bash: mix test — run the tests → exit 1 [#120 #131 #140 +2]\nfiles touched:\n"
+               "said (user and assistant):\n- user: keep 64 workers [#9]")
+    text = atoms.strip_markup(payload)
+    for gone in ("412", "120", "131", "errors seen", "commands run", "files touched", "said (user"):
+        assert gone not in text
+    assert "keep 64 workers" in text and "mix test" in text
 
 
 def test_strip_markup_keeps_what_a_person_wrote():

@@ -76,7 +76,7 @@ def test_segment_text_has_header_honesty_line_prose_and_facts(store_dir):
     assert header.startswith(f"[segment #{first.id} · uids {first.uid_from}–{first.uid_to}") and header.endswith("]")
     assert " · topics: " in header  # a few topic words, so the model knows what to search for
     assert rest.startswith(f"{HONESTY}\n\n- summary of")
-    assert "Facts (verbatim):\n- " in text and "deploy/pool_" in text
+    assert "Facts (verbatim):\nsaid (user and assistant):\n- user: " in text and "deploy/pool_" in text
     view = s.send_view()
     contents = [m["content"] for m in view.messages]
     k = 1

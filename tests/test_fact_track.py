@@ -1,4 +1,4 @@
-"""The fact track: fact lines of the compacted history outlive their segment maps."""
+"""The fact track: the working set and fact lines of history the payload no longer shows as it was."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from conftest import FakeLLM
 
 from mfs_nb import Session
 from mfs_nb.events import Event
-from mfs_nb.facts import fact_track
+from mfs_nb.workset import fact_track
 
 
 def _events(n: int) -> list[Event]:
@@ -17,27 +17,36 @@ def _events(n: int) -> list[Event]:
     return out
 
 
-def test_newest_lines_first_and_the_rest_named():
+def test_higher_kinds_first_then_the_newest_and_the_rest_named():
     events = _events(40)
-    full = fact_track(events, 40, set(), 10_000)
+    events[4] = Event(5, "s", 3, "user", "TimeoutError: the export stalled after 30 s")
+    full = fact_track(events, 40, 40, set(), 10_000)
     assert full is not None and full.dropped is None
-    assert "- message 1: the limit is 1001 rows in data/t1.csv [#1]" in full.text
-    small = fact_track(events, 40, set(), 200)
+    assert "- user: message 1: the limit is 1001 rows in data/t1.csv [#1]" in full.text
+    small = fact_track(events, 40, 40, set(), 260)
     assert small is not None and small.dropped is not None and small.dropped[0] == 1
-    assert "[#40]" in small.text and "[#1]" not in small.text.split("\n", 2)[2]
-    assert f"uids 1–{small.dropped[1]} left for the budget" in small.text
-    assert fact_track(events, 40, set(), 0) is None
+    assert "TimeoutError: the export stalled" in small.text  # the oldest line, but an error: kept first
+    assert "[#40]" in small.text and "[#1]" not in small.text
+    assert "[older fact lines of uids 1–" in small.text and "recall_history returns them" in small.text
+    assert fact_track(events, 40, 40, set(), 0) is None
 
 
 def test_lines_shown_elsewhere_are_not_repeated():
     events = _events(6)
-    shown = "- message 2: the limit is 1002 rows in data/t2.csv [#2]\n… message 4: the limit is 1004 rows in data/t4.csv …"
-    track = fact_track(events, 6, {1, 3}, 10_000, shown_text=shown)
+    shown = "- assistant: message 2: the limit is 1002 rows in data/t2.csv [#2]\nassistant: message 4: the limit is 1004 rows in data/t4.csv …"
+    track = fact_track(events, 6, 6, {1, 3}, 10_000, shown_text=shown)
     assert track is not None
     assert "[#2]" not in track.text and "[#4]" not in track.text  # in a segment's list or its text
     assert "[#1]" not in track.text and "[#3]" not in track.text  # kept whole by the user-verbatim track
     assert "[#5]" in track.text and "[#6]" in track.text
-    assert fact_track(events, 0, set(), 10_000) is None
+    assert fact_track(events, 0, 0, set(), 10_000) is None
+
+
+def test_text_lines_only_from_the_compacted_range_tool_lines_from_the_cleared_one():
+    events = _events(10)
+    track = fact_track(events, 4, 8, set(), 10_000)
+    assert track is not None and track.upto == 8
+    assert "[#4]" in track.text and "[#5]" not in track.text  # uids 5–8 are raw in the payload: not repeated
 
 
 def test_facts_survive_the_eviction_of_their_segment_map(store_dir):

@@ -210,7 +210,7 @@ def test_model_fetches_a_fact_from_a_compacted_range_by_search_then_recall(store
     fake = FakeLLM(default="Noted.")
     s = Session("fetch", store=store_dir, window_tokens=4096, llm=fake, background_compaction=False,
                 recall_index=True, embedding_model="off", verbatim_share=0, fact_share=0)
-    s.chat("Before we start on the pool work, a family note you must remember for later: "
+    s.chat("Before we start on the pool work, a family note for later: "
            "the cat of my grandmother is called Biscuit.")
     i = 0
     while not any(x.uid_from <= 1 <= x.uid_to for x in s.compactor.segments):

@@ -57,7 +57,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 KINDS = ("path", "command", "number", "error", "ident", "name")
-SOURCES = ("user", "assistant", "tool_call", "tool_result")
+SOURCES = ("user", "assistant", "tool_call", "tool_content", "tool_result")
+STATED = ("user", "assistant", "tool_call", "tool_content")  # what the conversation said, not what tools printed
+# The working set (issue 14): what was said, and what the calls acted on — the files, commands and
+# patterns they name — but not the text they carry (a file's new contents, a prompt, a plan).
+WORKING = ("user", "assistant", "tool_call")
 WINDOW = 8  # words on each side that make an atom's context
 SPECIFIC = 0.5  # a context word beside more than this share of the facts (and more than 3) is too common
 
@@ -118,6 +122,8 @@ _TEMPLATES = [re.compile(p, re.M) for p in (
     r"^\[the user's own words up to #\d+, verbatim[^\n]*\]$",
     r"^\[older user messages #\d+–#\d+ left this track[^\n]*\]$",
     r"^\[fact lines of the compacted history up to #\d+[^\n]*\]$",
+    r"^\[working set and fact lines of the history up to #\d+[^\n]*\]$",
+    r"^(?:errors seen|commands run|files touched|said \(user and assistant\)):$",
     r"^\[older fact lines of uids \d+–\d+ left for the budget[^\n]*\]$",
     r"^- \(\d+ more fact lines dropped for the budget; recall the uid range\)$",
     r"^Facts \(verbatim\):$",
@@ -135,7 +141,7 @@ _TEMPLATES = [re.compile(p, re.M) for p in (
     r"\[document\]",
     r"\((?:[\d,]+ chars, )first line: ",
     r"recall_history\(\d+(?:, \d+)?\)(?: returns (?:the text|it|them|the originals))?",
-    r"\[#\d+\]",
+    r"\[#\d+(?: #\d+)*(?: \+\d+)?\]",
 )]
 
 
@@ -333,9 +339,14 @@ def _string_values(value: Any) -> Iterable[str]:
             yield from _string_values(v)
 
 
-def call_text(call: dict[str, Any]) -> tuple[str, str | None]:
-    """A tool call as plain text (its name, then the string values of its arguments; JSON keys
-    and escapes gone) and its shell command when it carries one."""
+TARGET_CHARS = 200  # a single-line argument value up to this size names what a call acts on
+
+
+def call_text(call: dict[str, Any]) -> tuple[str, str, str | None]:
+    """A tool call as plain text, in two parts — what it acts on (its name, its shell command and
+    every short single-line argument value: a file, a pattern, a description) and what it carries
+    (longer or multi-line values: the text it writes or replaces, a prompt, a plan) — and its shell
+    command when it has one. JSON keys and escapes are gone."""
     fn = call.get("function") or {}
     raw = fn.get("arguments") or ""
     try:
@@ -343,7 +354,13 @@ def call_text(call: dict[str, Any]) -> tuple[str, str | None]:
     except (ValueError, RecursionError):
         args = raw
     command = (args.get("command") or args.get("cmd")) if isinstance(args, dict) else None
-    return (fn.get("name") or "") + " " + " ".join(_string_values(args)), command if isinstance(command, str) else None
+    command = command if isinstance(command, str) else None
+    target: list[str] = [fn.get("name") or ""]
+    content: list[str] = []
+    for value in _string_values(args):
+        short = value is command or (len(value) <= TARGET_CHARS and "\n" not in value.strip())
+        (target if short else content).append(value)
+    return " ".join(target), "\n".join(content), command
 
 
 def parts(message: dict[str, Any]) -> list[tuple[str, str, str | None]]:
@@ -359,8 +376,10 @@ def parts(message: dict[str, Any]) -> list[tuple[str, str, str | None]]:
     elif role == "tool" and content.strip():
         out.append(("tool_result", content, None))
     for call in message.get("tool_calls") or ():
-        text, command = call_text(call)
-        out.append(("tool_call", strip_markup(text), command))
+        target, carried, command = call_text(call)
+        out.append(("tool_call", strip_markup(target), command))
+        if carried.strip():
+            out.append(("tool_content", strip_markup(carried), None))
     return out
 
 
@@ -575,6 +594,7 @@ class Score:
     present: int
     by_source: dict[str, tuple[int, int]]
     by_kind: dict[str, tuple[int, int]]
+    by_kind_working: dict[str, tuple[int, int]] = field(default_factory=dict)  # kinds, working-set facts only
 
     @property
     def rate(self) -> float | None:
@@ -585,13 +605,15 @@ class Score:
         return self.present / self.total if self.total else None
 
     def of(self, group: str, name: str) -> float | None:
-        kept, total = (self.by_source if group == "source" else self.by_kind).get(name, (0, 0))
+        """Rate of one source ("source"), one kind ("kind") or one kind among working-set facts ("working")."""
+        table = {"source": self.by_source, "kind": self.by_kind, "working": self.by_kind_working}[group]
+        kept, total = table.get(name, (0, 0))
         return kept / total if total else None
 
     def stated_counts(self) -> tuple[int, int]:
         """(kept, total) of user, assistant and tool-call facts: what the conversation *said*."""
         kept = total = 0
-        for s in ("user", "assistant", "tool_call"):
+        for s in STATED:
             k, t = self.by_source.get(s, (0, 0))
             kept, total = kept + k, total + t
         return kept, total
@@ -620,6 +642,7 @@ def score(facts: Sequence[Fact], payload: Payload) -> Score:
     df = payload.facts.df
     by_source: dict[str, list[int]] = {}
     by_kind: dict[str, list[int]] = {}
+    by_kind_working: dict[str, list[int]] = {}
     kept = present = 0
     for f in facts:
         contexts = contexts_of[f.atom]
@@ -627,9 +650,12 @@ def score(facts: Sequence[Fact], payload: Payload) -> Score:
                  for units in contexts for u in units)
         present += bool(contexts)
         kept += ok
-        for table, name in ((by_source, f.source), (by_kind, f.atom.kind)):
+        tables = [(by_source, f.source), (by_kind, f.atom.kind)]
+        if f.source in WORKING:
+            tables.append((by_kind_working, f.atom.kind))
+        for table, name in tables:
             cell = table.setdefault(name, [0, 0])
             cell[0] += ok
             cell[1] += 1
     return Score(len(facts), kept, present, {k: (v[0], v[1]) for k, v in by_source.items()},
-                 {k: (v[0], v[1]) for k, v in by_kind.items()})
+                 {k: (v[0], v[1]) for k, v in by_kind.items()}, {k: (v[0], v[1]) for k, v in by_kind_working.items()})

@@ -26,7 +26,9 @@ from .data import Data, to_openai
 
 NAME = "baselines"
 NEEDS = ("locomo", "claude_code_sessions", "kdconv")
-WINDOWS = (8_000, 32_000, 128_000)
+WINDOWS = (8_000, 32_000, 64_000, 128_000)
+WORK_KINDS = ("path", "command", "number", "error")  # the working set's kinds (issue 14)
+TAU_TASKS = 30  # τ-bench airline trajectories replayed as one session
 
 
 def _flat(text: str) -> str:
@@ -138,6 +140,8 @@ def measure(name: str, conv_messages: list[dict[str, Any]], window: int, conv: d
             **{f"facts_{src}": sc.of("source", src) for src in atoms.SOURCES},
             **{f"n_{src}": sc.by_source.get(src, (0, 0))[1] for src in atoms.SOURCES},
             **{f"kind_{k}": sc.of("kind", k) for k in atoms.KINDS},
+            **{f"wkind_{k}": sc.of("working", k) for k in atoms.KINDS},
+            **{f"n_wkind_{k}": sc.by_kind_working.get(k, (0, 0))[1] for k in atoms.KINDS},
             "user_words": user_words(conv_messages, run.final, last),
             "seconds": round(time.perf_counter() - started, 1)}
         if conv is not None:
@@ -250,9 +254,28 @@ def production(data: Data, window: int = PRODUCTION_WINDOW) -> list[dict[str, An
                          "facts": sc.rate, "stated": sc.stated(), "n_facts": sc.total,
                          **{f"kind_{k}": sc.of("kind", k) for k in atoms.KINDS},
                          **{f"n_kind_{k}": sc.by_kind.get(k, (0, 0))[1] for k in atoms.KINDS},
+                         **{f"wkind_{k}": sc.of("working", k) for k in atoms.KINDS},
+                         **{f"n_wkind_{k}": sc.by_kind_working.get(k, (0, 0))[1] for k in atoms.KINDS},
                          **{f"facts_{src}": sc.of("source", src) for src in atoms.SOURCES},
                          "presence": sc.presence})
     return rows
+
+
+def bars(prod: list[dict[str, Any]]) -> list[list[Any]]:
+    """Issue 14's bars, per session and working-set kind that the history states."""
+    out = []
+    for session in dict.fromkeys(r["session"] for r in prod):
+        mine = [r for r in prod if r["session"] == session]
+        summary, cut, _, full = mine  # the order `production` writes them in
+        for k in WORK_KINDS:
+            n = summary[f"n_wkind_{k}"]
+            if not n:
+                continue
+            p, f, c = summary[f"wkind_{k}"] or 0.0, full[f"wkind_{k}"] or 0.0, cut[f"wkind_{k}"] or 0.0
+            floor = 0.6 if k in ("path", "command") else 0.0
+            out.append([session, k, n, _pct(p), _pct(f), "yes" if f >= 3 * p and f >= floor else "NO", _pct(c),
+                        "yes" if c >= p else "NO"])
+    return out
 
 
 def _concat(convs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
@@ -287,8 +310,12 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             plan.append((f"coding {c['id'][:8]}", to_openai(c["messages"]), None, WINDOWS))
         plan.append(("KdConv ×60 (one session)", _concat([c["messages"] for c in data.get("kdconv")[:60]]), None,
                      (8_000, 32_000)))
+        tau = [m for c in data.get("taubench_airline")[:TAU_TASKS] for m in to_openai(c["messages"])
+               if m["role"] != "system"]  # one policy prompt per task would be the same text thirty times
+        plan.append((f"τ-bench airline ×{TAU_TASKS} (one session)", tau, None, (32_000, 64_000)))
     rows: list[list[Any]] = []
     kinds: list[list[Any]] = []
+    working: list[list[Any]] = []
     metrics: dict[str, Any] = {}
     for name, msgs, conv, windows in plan:
         total = sum(message_tokens(m) for m in msgs)
@@ -308,6 +335,10 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                               if "answers" in r else "—")])
                 kinds.append([name, f"{window // 1000}k", strategy, f"{r['final_tokens']:,}",
                               *(_pct(r[f"kind_{k}"]) for k in atoms.KINDS)])
+                if name.startswith(("coding", "τ-bench")) and strategy in (*baselines.STRATEGIES, "mfs_nb"):
+                    working.append([name, f"{window // 1000}k", strategy, f"{r['final_tokens']:,}",
+                                    *(f"{_pct(r[f'wkind_{k}'])} ({r[f'n_wkind_{k}']})" for k in WORK_KINDS),
+                                    _pct(r["facts_tool_result"])])
     marks = (100, 1_000) if quick else (100, 1_000, 10_000)
     long = _concat([c["messages"] for c in locomo])
     if not quick:
@@ -330,7 +361,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                              f"{_pct(best)} ({best_name})",
                              _ratio(mfs, best), _pct(worst_adv), f"{result['mfs_nb']['final_tokens']:,}",
                              f"{result[best_name]['final_tokens']:,}", _pct(result["mfs_nb"]["prefix"])])
-    source_cols = ["user", "assistant", "tool calls", "tool results"]
+    source_cols = ["user", "assistant", "tool calls", "tool-call content", "tool results"]
     tables = [
         {"caption": "Facts in context, the headline, at equal budgets (every strategy may use the same usable "
                     "window; what each uses is shown). Counts the facts stated only in the older two thirds of the "
@@ -341,8 +372,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                      *(f"facts in context, {c}" for c in source_cols), "atoms present, no context (secondary)",
                      "user words kept", "LoCoMo answers present / evidence verbatim / evidence by search"],
          "rows": rows},
-        {"caption": "mfs_nb against the best baseline on stated facts in context (user, assistant and tool-call "
-                    "facts; n in brackets); the adversarial column is the highest any adversarial strategy scores, "
+        {"caption": "mfs_nb against the best baseline on stated facts in context (user, assistant, tool-call "
+                    "and tool-call content facts; n in brackets); the adversarial column is the highest any adversarial strategy scores, "
                     "on all facts or stated facts, and must stay near zero",
          "columns": ["conversation", "window", "mfs_nb", "best baseline", "ratio", "adversarial (max)",
                      "mfs_nb final tokens", "best baseline final tokens", "mfs_nb prefix ratio"],
@@ -351,6 +382,12 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                     "extractor's kind; — where the conversation states none of that kind",
          "columns": ["conversation", "window", "strategy", "final payload tokens", *atoms.KINDS],
          "rows": kinds},
+        {"caption": "The working set by kind: facts of the older two thirds that the user or the assistant stated or "
+                    "that a tool call acted on (its file, command, pattern — not the text it carried), in context; "
+                    "n in brackets; tool-result facts (what tools printed) for reference",
+         "columns": ["conversation", "window", "strategy", "final payload tokens",
+                     *(f"working set: {k}s" for k in WORK_KINDS), "tool results"],
+         "rows": working},
         {"caption": "Memory layer time per call as history grows (32k window, ms). Counts prepare_call, the whole "
                     "memory layer before a model call; not the store writes of the turn",
          "columns": ["events of history", "ordinary p50", "ordinary p95", "calls timed", "slowest compaction call"],
@@ -362,12 +399,20 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "caption": "Production comparison: Claude Code's own summary at its recorded auto-compaction against "
                        "mfs_nb on the same history replayed at 32k — first at equal size (mfs_nb's memory layers cut "
                        "to the summary's tokens), then, labelled, its whole memory layers and its full payload. "
-                       "Counts facts stated only in the older two thirds of that history, in context",
+                       "Counts facts stated only in the older two thirds of that history, in context; by kind, the "
+                       "working set (what was said, and what the tool calls acted on), n in brackets",
             "columns": ["session", "payload", "tokens", "facts in context, all", "stated (user, assistant, tool calls)",
-                        "paths", "commands", "numbers", "errors", "idents", "facts (n)"],
+                        *(f"working set: {k}s" for k in (*WORK_KINDS, "ident")), "facts (n)"],
             "rows": [[r["session"], r["payload"], f"{r['tokens']:,}", _pct(r["facts"]), _pct(r["stated"]),
-                      _pct(r["kind_path"]), _pct(r["kind_command"]), _pct(r["kind_number"]), _pct(r["kind_error"]),
-                      _pct(r["kind_ident"]), r["n_facts"]] for r in prod]})
+                      *(f"{_pct(r[f'wkind_{k}'])} ({r[f'n_wkind_{k}']})" for k in (*WORK_KINDS, "ident")),
+                      r["n_facts"]] for r in prod]})
+        tables.append({
+            "caption": "The production comparison against issue 14's bars, per working-set kind: mfs_nb's full payload "
+                       "at least 3 × the production summary, and at least 60 % for files and commands; its memory "
+                       "layers cut to the summary's size at least the summary",
+            "columns": ["session", "kind", "n", "production summary", "mfs_nb full payload", "≥ 3 × (and ≥ 60 %)",
+                        "mfs_nb memory layers at the summary's size", "≥ summary"],
+            "rows": bars(prod)})
     return {
         "title": "Side by side: mfs_nb against last-N, truncate-to-fit, rolling summary, user-messages + summary, "
                  "and three adversarial strategies",
@@ -392,14 +437,19 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "tests/test_atoms.py asserts they stay at or under 5 %.",
             "Older two thirds: messages before the point where the newest third of the conversation's tokens begins; "
             "a fact restated after it is not counted (the raw tail would carry it). The set is the same for every "
-            "strategy. Source: who stated a fact first (user, assistant prose, an assistant's tool call, a tool "
-            "result).",
+            "strategy. Source: who stated a fact first (user, assistant prose, an assistant's tool call — its name "
+            "and its short single-line arguments: the file, command or pattern it acts on —, the content a tool "
+            "call carries — longer or multi-line arguments: a file's new text, a prompt —, a tool result). The "
+            "working set (issue 14) is user, assistant and tool-call facts.",
             "LoCoMo (each conversation at 8k, with its questions of categories 1–4 whose evidence lies in the older "
             "two thirds): answers present on word boundaries, evidence turns present verbatim (markup-blind); "
             "evidence retrieved by the engine's own search is n/a until semantic recall exists.",
             "Redefined on 2026-11-30: the earlier 'fact survival' matched the engine's own regexes as substrings "
             "(an atom inside a uid counted) and 'evidence reachable' counted any uid inside a named range; both are "
             "gone. mfs_nb's numbers fell accordingly.",
+            "Redefined again on 2026-11-30 (issue 14): tool-call facts are split into what a call acts on and the "
+            "content it carries, reported separately; 'stated' counts both, the working-set tables the first. A "
+            "path inside a test file the agent wrote is content, not a file it touched.",
         ],
         "metrics": metrics,
     }

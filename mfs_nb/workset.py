@@ -1,0 +1,441 @@
+"""The working set (DESIGN §4, seed 000 §4.5 and §4.9): what the agent did, kept verbatim.
+
+Deterministic, zero LLM, a pure function of events. From a range of the log it takes
+
+- **files touched**: paths in the arguments of file tools (read / edit / write / create / delete
+  calls, and an editor tool's ``command`` verb) and in a few shell verbs (``cat``, ``rm``,
+  ``touch``, ``sed -i``, ``cp``/``mv``); repeated touches of one file collapse into one line with
+  the latest operation (the latest change, when a read or a search came after it), the tools used
+  and the uids;
+- **commands run**: shell commands from tool calls, with their description and the exit status
+  when the result shows one; a command run again collapses into its line;
+- **other tool calls**: any other call (an API action, a lookup) as ``name(key=value, …)`` with
+  the start of its result, so a task already done is not done again; actions rank with commands,
+  lookups (``get_…``, ``search_…``) with paths;
+- **errors seen**: exception lines with their message, failing tests, ``error:`` lines and the
+  ``path:line`` location beside them, from tool results;
+- **what was said**: fact lines (errors, commands, paths, numbers) of user and assistant text, and
+  the user's decisions and constraints ("use X instead", "never …", "不要 …").
+
+Lines are cut at 200 characters (head 150 + "…" + tail 50). Within a budget, the higher kinds
+win (errors > commands and decisions > paths > bare numbers) and, within a kind, the newer line;
+what is left out is named by uid range, so recall_history reaches it. Segments' fact lists and the
+session's fact track both come from here, so a line has one form wherever it appears.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .events import Event
+from .facts import COMMAND, ERROR, LINE_CHARS, PATH, cut, extract
+from .tokens import estimate_tokens
+
+GROUPS = ("errors", "commands", "calls", "files", "said")
+CAPTIONS = {"errors": "errors seen:", "commands": "commands run:", "calls": "other tool calls:",
+            "files": "files touched:", "said": "said (user and assistant):"}
+_LOOKUP = re.compile(r"^(?:get|list|search|find|read|fetch|lookup|query|show|view|check|calculate|describe)", re.I)
+MEMORY_TOOLS = frozenset({"recall_history", "recall_search"})  # the memory layer's own tools: not work done
+CHANGES = ("created", "edited", "deleted")
+MAX_UIDS = 5  # uids shown on one collapsed line (the newest); the count of the rest follows
+ERRORS_PER_RESULT = 4
+
+_FILE_KEYS = ("file_path", "path", "notebook_path", "filename", "file", "target_file", "filepath")
+_SHELL_KEYS = ("command", "cmd", "script")
+_EDITOR_VERBS = {"view": "read", "create": "created", "str_replace": "edited", "insert": "edited",
+                 "undo_edit": "edited", "delete": "deleted"}
+_OP_WORDS = (("deleted", ("delete", "remove", "rm", "unlink")),
+             ("edited", ("edit", "multiedit", "replace", "patch", "update", "modify", "insert", "notebookedit")),
+             ("created", ("write", "create", "new", "save")),
+             ("read", ("read", "view", "open", "cat", "get", "show")),
+             ("searched", ("grep", "glob", "search", "find", "ls", "list")))
+_SHELL_TOOL = re.compile(r"bash|shell|terminal|exec|run|command|console|sh\b", re.I)
+_WORD_SPLIT = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])")
+
+_EXIT = re.compile(r"(?:exit(?:ed)?(?: with)?(?: code| status)?|return ?code|returncode)[ =:]+(-?\d+)", re.I)
+_EXCEPTION = re.compile(r"^\s*(?:[\w.]+\.)?[A-Z]\w*(?:Error|Exception|Failure|Fault|Panic)\b(?::.*)?$")
+_ELIXIR = re.compile(r"^\s*\*\* \([A-Z][\w.]*\)")
+_ERROR_LINE = re.compile(r"^\s*(?:error(?:\[\w+\])?|fatal|panic|ERROR|FATAL|Error)\s*:")
+_FAILED_TEST = re.compile(r"^\s*(?:FAILED|ERROR)\s+\S+::\S+|^\s*--- FAIL: \S+|^test \S+ \.\.\. FAILED|^\s*\d+\) test \S")
+_LOCATION = re.compile(r"^\s*File \"[^\"]+\", line \d+|(?:^|\s)[\w.~/-]+\.[A-Za-z]\w{0,5}:\d+(?::\d+)?(?::|\s|$)")
+_DECISION = re.compile(
+    r"\b(?:must(?: not)?|never|always|don'?t|do not|instead|prefer|make sure|avoid|only use|should(?:n'?t)?|"
+    r"we (?:decided|agreed|will|won'?t)|let'?s (?:use|go with|keep|not)|please (?:use|keep|don'?t|do not|avoid))\b"
+    r"|不要|必须|别再|一定要|改用|就用|先别|务必|禁止|只能|不能", re.I)
+_SHELL_READ = {"cat", "head", "tail", "less", "more", "bat", "wc"}
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of the working set. `key` identifies what collapses (a file, a command, a text)."""
+
+    group: str
+    kind: int
+    key: str
+    text: str
+    uids: tuple[int, ...]
+
+    @property
+    def newest(self) -> int:
+        return self.uids[-1]
+
+    def render(self) -> str:
+        shown = self.uids[-MAX_UIDS:]
+        more = f" +{len(self.uids) - len(shown)}" if len(self.uids) > len(shown) else ""
+        return f"- {self.text} [" + " ".join(f"#{u}" for u in shown) + more + "]"
+
+
+@dataclass
+class _File:
+    path: str
+    op: str
+    tools: list[str] = field(default_factory=list)
+    uids: list[int] = field(default_factory=list)
+
+
+@dataclass
+class _Command:
+    command: str
+    tool: str = ""
+    description: str = ""
+    status: str = ""
+    uids: list[int] = field(default_factory=list)
+
+
+def _args(call: dict[str, Any]) -> dict[str, Any]:
+    raw = (call.get("function") or {}).get("arguments") or ""
+    if isinstance(raw, dict):
+        return raw
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _words(name: str) -> list[str]:
+    return [w.lower() for w in _WORD_SPLIT.findall(name)]
+
+
+def file_op(tool: str, args: dict[str, Any]) -> str | None:
+    """What a file tool does to its file: read, edited, created or deleted (None: not a file tool)."""
+    verb = args.get("command")
+    if isinstance(verb, str) and verb in _EDITOR_VERBS:
+        return _EDITOR_VERBS[verb]
+    words = set(_words(tool))
+    for op, names in _OP_WORDS:
+        if words & set(names):
+            return op
+    return None
+
+
+def _shell_command(tool: str, args: dict[str, Any]) -> str | None:
+    for key in _SHELL_KEYS:
+        value = args.get(key)
+        if isinstance(value, str) and value.strip() and value not in _EDITOR_VERBS and (
+                key != "command" or _SHELL_TOOL.search(tool) or " " in value.strip()):
+            return value.strip()
+    return None
+
+
+def _split_shell(command: str) -> list[list[str]]:
+    out = []
+    for part in re.split(r"\s*(?:&&|\|\||;|\|)\s*", command.splitlines()[0] if command else ""):
+        try:
+            words = shlex.split(part)
+        except ValueError:
+            words = part.split()
+        if words:
+            out.append(words)
+    return out
+
+
+def _looks_like_file(word: str) -> bool:
+    return not word.startswith("-") and ("/" in word or re.search(r"\.[A-Za-z]\w{0,5}$", word) is not None) \
+        and not word.startswith(("http://", "https://")) and len(word) > 2
+
+
+def shell_files(command: str) -> list[tuple[str, str]]:
+    """(path, op) for the few shell verbs whose effect on a file is plain."""
+    out: list[tuple[str, str]] = []
+    for words in _split_shell(command):
+        verb, rest = words[0].rsplit("/", 1)[-1], [w for w in words[1:] if _looks_like_file(w)]
+        if verb in _SHELL_READ:
+            out += [(w, "read") for w in rest]
+        elif verb == "rm":
+            out += [(w, "deleted") for w in rest]
+        elif verb == "touch":
+            out += [(w, "created") for w in rest]
+        elif verb == "sed" and any(w.startswith("-i") for w in words[1:]):
+            out += [(w, "edited") for w in rest]
+        elif verb in ("cp", "mv") and len(rest) >= 2:
+            if verb == "mv":
+                out += [(w, "deleted") for w in rest[:-1]]
+            out.append((rest[-1], "created"))
+    return out
+
+
+def exit_status(result: str) -> str:
+    """'exit N' when the result shows the exit status, 'failed' when it shows an error, else ''."""
+    m = _EXIT.search(result[:2000]) or _EXIT.search(result[-2000:])
+    if m:
+        return f"exit {m.group(1)}"
+    if result and any(_is_error(line) for line in result[:4000].splitlines()[:60]):
+        return "failed"
+    return ""
+
+
+def call_line(tool: str, args: dict[str, Any], result: str) -> str:
+    """`name(key=value, …) → start of the result`, short values only, cut to 200 characters."""
+    shown = []
+    for key, value in args.items():
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, ensure_ascii=False)
+        value = " ".join(str(value).split())
+        shown.append(f"{key}={value[:60] + '…' if len(value) > 60 else value}")
+    inner = ", ".join(shown)
+    outcome = " ".join(result.split())
+    outcome = outcome if len(outcome) <= 50 else outcome[:49] + "…"
+    room = max(40, LINE_CHARS - len(tool) - 2 - (len(outcome) + 3 if outcome else 0))
+    text = f"{tool}(" + (inner if len(inner) <= room else inner[:room - 1] + "…") + ")"
+    return cut(text + (" → " + outcome if outcome else ""))
+
+
+def _is_error(line: str) -> bool:
+    return bool(_EXCEPTION.match(line) or _ELIXIR.match(line) or _ERROR_LINE.match(line) or _FAILED_TEST.match(line))
+
+
+def error_lines(result: str, limit: int = ERRORS_PER_RESULT) -> list[str]:
+    """Error lines of one tool result, each with the location line right before it when there is one."""
+    lines = result.splitlines()
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        if not _is_error(line):
+            continue
+        text = line.strip()
+        for back in range(i - 1, max(-1, i - 4), -1):
+            if _LOCATION.search(lines[back]):
+                text = lines[back].strip() + " — " + text
+                break
+        text = cut(text)
+        if text not in out:
+            out.append(text)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: int | None = None,
+             skip_uids: Iterable[int] = ()) -> list[Line]:
+    """The working set of `events`: tool lines of events up to `tool_upto`, text lines of user and
+    assistant events up to `text_upto` (None: all), none from `skip_uids`. Collapsed, unbudgeted."""
+    skip = set(skip_uids)
+    files: dict[str, _File] = {}
+    commands: dict[str, _Command] = {}
+    calls: dict[str, tuple[int, str, list[int]]] = {}
+    errors: dict[str, list[int]] = {}
+    said: dict[str, tuple[int, list[int]]] = {}
+    results = _results(events)
+    for e in events:
+        if e.uid in skip:
+            continue
+        tool_ok = tool_upto is None or e.uid <= tool_upto
+        text_ok = text_upto is None or e.uid <= text_upto
+        if e.role == "assistant" and e.tool_calls and tool_ok:
+            for call in e.tool_calls:
+                tool = (call.get("function") or {}).get("name") or ""
+                args = _args(call)
+                result = results.get((e.uid, str(call.get("id", ""))))
+                command = _shell_command(tool, args)
+                touched: list[tuple[str, str]] = []
+                if command is not None:
+                    line = cut(" ".join(command.split()) if "\n" not in command else command.splitlines()[0] + " …")
+                    c = commands.setdefault(line, _Command(line, tool=tool))
+                    desc = args.get("description")
+                    if isinstance(desc, str) and desc.strip():
+                        c.description = cut(" ".join(desc.split()))
+                    c.status = exit_status(result.content) if result is not None else ""
+                    if e.uid not in c.uids:
+                        c.uids.append(e.uid)
+                    touched = [(p, op) for p, op in shell_files(command)]
+                    tool_label = tool or "shell"
+                else:
+                    op = file_op(tool, args)
+                    keys = _FILE_KEYS + (("pattern",) if op == "searched" else ())
+                    paths = [args[k].strip() for k in keys if isinstance(args.get(k), str) and args[k].strip()]
+                    if op == "searched":  # a search names the folder it searched and a file glob
+                        paths = [p for p in paths if "/" in p or p.startswith("*.")]
+                    touched = [(p, op) for p in (paths[:2] if op == "searched" else paths[:1])] if op else []
+                    tool_label = tool or "tool"
+                    if not touched and tool and tool not in MEMORY_TOOLS:
+                        line = call_line(tool, args, result.content if result is not None else "")
+                        kind = PATH if _LOOKUP.match(tool) else COMMAND
+                        prev = calls.get(line)
+                        calls[line] = (kind, line, (prev[2] if prev else []) + [e.uid])
+                for path, op in touched:
+                    f = files.get(path)
+                    if f is None:
+                        f = files[path] = _File(path, op)
+                    elif op == "created" and f.op != "deleted":
+                        op = "edited"  # a rewrite of a file this history already touched
+                    if op in CHANGES or f.op not in CHANGES and (op != "searched" or f.op == "searched"):
+                        f.op = op  # the latest change; a later read or search does not hide an edit
+                    if tool_label not in f.tools:
+                        f.tools.append(tool_label)
+                    if e.uid not in f.uids:
+                        f.uids.append(e.uid)
+        elif e.role == "tool" and tool_ok:
+            for text in error_lines(e.content):
+                errors.setdefault(text, []).append(e.uid)
+        if e.role in ("user", "assistant") and text_ok and e.content:
+            mine: list[str] = []
+            for fact in extract(e.content, e.uid):
+                mine.append(fact.text)
+                _add_said(said, f"{e.role}: {fact.text}", fact.kind, e.uid)
+            if e.role == "user":  # decisions and constraints: a line of their own, or a fact line ranked up
+                for sentence in _sentences(e.content):
+                    if not _DECISION.search(sentence):
+                        continue
+                    overlapping = [t for t in mine if sentence in t or t.rstrip("…") in sentence]
+                    if not overlapping:
+                        _add_said(said, f"user: {cut(sentence)}", COMMAND, e.uid)
+                    for t in overlapping:
+                        _add_said(said, f"user: {t}", COMMAND, e.uid)
+    out: list[Line] = []
+    for text, uids in errors.items():
+        out.append(Line("errors", ERROR, text, text, tuple(uids)))
+    for c in commands.values():
+        text = (f"{c.tool}: " if c.tool else "$ ") + c.command + (f" — {c.description}" if c.description else "") + (f" → {c.status}" if c.status else "")
+        out.append(Line("commands", COMMAND, c.command, cut(text) if len(text) > 260 else text, tuple(c.uids)))
+    for kind, text, uids in calls.values():
+        out.append(Line("calls", kind, text, text, tuple(dict.fromkeys(uids))))
+    for f in files.values():
+        text = f"{cut(f.path)} — {f.op} ({', '.join(f.tools)})"
+        out.append(Line("files", PATH, f.path, text, tuple(f.uids)))
+    for text, (kind, uids) in said.items():
+        out.append(Line("said", kind, text, text, tuple(uids)))
+    return out
+
+
+def _results(events: Sequence[Event]) -> dict[tuple[int, str], Event]:
+    """Each call's result, keyed by (the calling event's uid, the call id): a result answers the
+    latest call with its id before it (ids repeat across sessions and providers)."""
+    latest: dict[str, int] = {}
+    out: dict[tuple[int, str], Event] = {}
+    for e in events:
+        if e.role == "assistant":
+            for call in e.tool_calls:
+                latest[str(call.get("id", ""))] = e.uid
+        elif e.role == "tool" and e.tool_call_id in latest:
+            out.setdefault((latest[e.tool_call_id], e.tool_call_id), e)
+    return out
+
+
+def _add_said(said: dict[str, tuple[int, list[int]]], text: str, kind: int, uid: int) -> None:
+    prev = said.get(text)
+    if prev is None:
+        said[text] = (kind, [uid])
+    else:
+        said[text] = (min(prev[0], kind), prev[1] + ([uid] if uid not in prev[1] else []))
+
+
+_SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])|\n+")
+
+
+def _sentences(text: str) -> Iterable[str]:
+    for s in _SENTENCE.split(text):
+        s = s.strip()
+        if len(s) >= 8:
+            yield s
+
+
+@dataclass(frozen=True)
+class Budgeted:
+    lines: list[Line]
+    dropped: list[Line]
+
+    def render(self) -> str:
+        """The kept lines by group (errors, commands, files, said), each group oldest first, and
+        one line naming what the budget left out."""
+        out: list[str] = []
+        for group in GROUPS:
+            members = sorted((x for x in self.lines if x.group == group), key=lambda x: x.uids[0])
+            if members:
+                out.append(CAPTIONS[group])
+                out += [x.render() for x in members]
+        if self.dropped:
+            out.append(dropped_note(self.dropped))
+        return "\n".join(out)
+
+
+def dropped_note(dropped: Sequence[Line]) -> str:
+    lo = min(x.uids[0] for x in dropped)
+    hi = max(x.newest for x in dropped)
+    counts = {g: sum(x.group == g for x in dropped) for g in GROUPS}
+    what = ", ".join(f"{n} {g}" for g, n in counts.items() if n)
+    return f"[older fact lines of uids {lo}–{hi} left for the budget ({what}); recall_history returns them]"
+
+
+def budget(lines: Sequence[Line], max_tokens: int, max_lines: int | None = None) -> Budgeted:
+    """Keep lines within `max_tokens` (and `max_lines`): errors first, then commands and decisions,
+    paths, numbers; within a kind the newest. The note for what is dropped is paid for first."""
+    order = sorted(lines, key=lambda x: (x.kind, -x.newest))
+    reserve = 40 if len(lines) else 0
+    kept: list[Line] = []
+    tokens = len(GROUPS) * 4 + reserve
+    for x in order:
+        cost = estimate_tokens(x.render()) + 2
+        if (max_lines is None or len(kept) < max_lines) and tokens + cost <= max_tokens:
+            kept.append(x)
+            tokens += cost
+    chosen = set(kept)
+    return Budgeted(kept, [x for x in lines if x not in chosen])
+
+
+def without_shown(lines: Iterable[Line], shown_text: str) -> list[Line]:
+    """Lines whose text is not already shown word for word (in a segment's fact list or prose)."""
+    return [x for x in lines if x.text not in shown_text]
+
+
+
+# -- the session's fact track: the working set of history no longer in the payload as it was ----
+@dataclass(frozen=True)
+class FactTrack:
+    """The working-set layer of the payload: lines of compacted and S2-cleared history that no
+    segment in the payload shows. `upto`: the newest uid it reads."""
+
+    text: str
+    upto: int
+    first_uid: int | None
+    dropped: tuple[int, int] | None
+    tokens: int
+
+
+def caption(upto: int) -> str:
+    return (f"[working set and fact lines of the history up to #{upto}, verbatim (compacted, or cleared from this "
+            "payload); recall_history gives their context]")
+
+
+def fact_track(events: Sequence[Event], text_upto: int, tool_upto: int, skip_uids: Iterable[int], max_tokens: int,
+               shown_text: str = "") -> FactTrack | None:
+    """Text lines of user and assistant messages up to `text_upto` (the compacted history) and tool
+    lines (files, commands, errors) up to `tool_upto` (compacted, or cleared and pruned by S2), less
+    what `shown_text` (the segments in the payload) already says word for word and the messages in
+    `skip_uids` (kept whole by the user-verbatim track). Errors, commands and decisions first."""
+    upto = max(text_upto, tool_upto)
+    if max_tokens <= 0 or upto <= 0:
+        return None
+    scope = [e for e in events if e.uid <= upto]
+    lines = without_shown(lines_of(scope, text_upto, tool_upto, skip_uids), shown_text)
+    head = caption(upto)
+    kept = budget(lines, max_tokens - estimate_tokens(head))
+    if not kept.lines:
+        return None
+    text = head + "\n" + kept.render()
+    dropped = (min(x.uids[0] for x in kept.dropped), max(x.newest for x in kept.dropped)) if kept.dropped else None
+    return FactTrack(text, upto, min(x.uids[0] for x in kept.lines), dropped, estimate_tokens(text))
