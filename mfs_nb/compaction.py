@@ -23,12 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import consolidation as con
 from . import segments as seg
 from .errors import MfsError
 from .events import Event
 from .lease import Lease, live_claims, owner_name
 from .segments import Segment
 from .summary_check import validate_summary
+from .tokens import estimate_tokens
 from .usage import TIERS, human
 
 if TYPE_CHECKING:
@@ -134,6 +136,14 @@ class Compactor:
             self.lease.release()
 
     def _honour(self, row: dict[str, Any], number: int = 0) -> None:
+        if row.get("type") == "consolidate":
+            named = list(row["segment_ids"])
+            at = [i for i, x in enumerate(self.segments) if x.id in named]
+            if not _consecutive(self.segments, at, named):
+                self.ignored.append(f"consolidation #{number} names segments that are not in force; not honoured")
+                return
+            self.segments[at[0]:at[-1] + 1] = [Segment.from_json(row["segment"])]
+            return
         if row.get("type") == "upgrade":
             new = Segment.from_json(row["segment"])
             self.segments = [new if x.uid_from == new.uid_from and x.uid_to == new.uid_to else x for x in self.segments]
@@ -228,7 +238,7 @@ class Compactor:
             info["breaker"] = self._failed()
         elif prose is not None:
             self._succeeded()
-        segment = seg.build(seq, events, prose)
+        segment = seg.build(seq, events, prose, effective)
         self.s.store.append_compaction(self.s.name, seq, "summary_completed", {
             "content": segment.prose, "covered": [segment.uid_from, segment.uid_to], "tokens": segment.tokens,
             "degraded": segment.degraded, "envelope": info.get("envelope"), "error": info.get("error")})
@@ -267,7 +277,7 @@ class Compactor:
         """Catch-up, once per session: at a compaction event, re-summarize the newest degraded
         segment still in the payload and replace it only if the LLM version is strictly shorter.
         A failed attempt counts toward the circuit breaker like any summarizer failure."""
-        degraded = [x for x in self.segments if x.degraded]
+        degraded = [x for x in self.segments if x.degraded and x.level == 0]
         if self.breaker_open or self.upgrade_done or not degraded:
             return None
         old = degraded[-1]
@@ -277,7 +287,7 @@ class Compactor:
             self._failed()
             return None
         self._succeeded()
-        new = seg.build(old.id, events, prose)
+        new = seg.build(old.id, events, prose, effective)
         if new.tokens >= old.tokens or new.covered_hash != old.covered_hash:
             return None
         self.upgrade_done = True
@@ -367,6 +377,119 @@ class Compactor:
             self.s.store.append_compaction(self.s.name, seq, "finished", {})
         return gone
 
+    # -- consolidation and the terminal chain (consolidation.py has the policy) -----------------
+    def settle_block(self, effective: int, tier: str) -> tuple[list[str], list[Segment]]:
+        """After a compaction: past ≈ 80 % of its budget, the block's oldest run is consolidated
+        (gates permitting); once depth is exhausted the deterministic sink absorbs the coldest L0;
+        only what is still over the budget is evicted. `consolidation=False`: eviction only."""
+        st = self.s.settings
+        budget = BLOCK_SHARE * effective
+        notices: list[str] = []
+        for _ in range(2 * st.max_consolidations + 2):  # each pass commits one merge or stops
+            if not st.consolidation or not con.over_trigger(self.segments, budget):
+                break
+            run = con.choose_run(self.segments, st.max_consolidations, st.eager_merge)
+            note = self._merge(run, effective, tier) if run else None
+            if note is None and not run and con.block_tokens(self.segments) > budget:
+                sink = con.sink_run(self.segments)
+                note = self._merge(sink, effective, tier, sink=True) if sink else None
+            if note is None:
+                break
+            notices.append(note)
+        return notices, self.evict_if_needed(effective)
+
+    def _merge(self, run: list[int], effective: int, tier: str, sink: bool = False) -> str | None:
+        """One consolidation (or, `sink`, the terminal chain's zero-LLM merge) through the same
+        protocol as a compaction: started → summary_completed → declared → finished, or aborted
+        with the gate or the reason. Returns the notice, or None when nothing was committed."""
+        s, st = self.s, self.s.settings
+        members = [self.segments[i] for i in run]
+        ids = [x.id for x in members]
+        events = [e for e in s._events if members[0].uid_from <= e.uid <= members[-1].uid_to]
+        seq = self.next_seq()
+        kind = "sink" if sink else "consolidate"
+        self._start(seq, {"trigger": kind, "tier": tier, "segment_ids": ids, "uid_from": members[0].uid_from,
+                          "uid_to": members[-1].uid_to})
+        info: dict[str, Any] = {"llm_tokens": 0}
+        if sink:
+            prose: str | None = con.sink_prose(members)
+        else:
+            prose, info = self.merge_prose(members, effective)
+            if prose is None and tier == "hard":  # only at the hard tier: a deterministic merge instead
+                prose, info["degraded"] = con.sink_prose(members), True
+        level = st.max_consolidations if sink else min(max(x.level for x in members) + 1, st.max_consolidations)
+        row = {"merge": kind, "tier": tier, "segments": ids, "uid_from": members[0].uid_from,
+               "uid_to": members[-1].uid_to, "llm_tokens": info.get("llm_tokens", 0), "level": level}
+        if prose is None:
+            s.store.append_compaction(s.name, seq, "aborted", {"reason": info.get("error", "no summary")})
+            s._log("consolidation", accepted=False, gate="", error=info.get("error", "no summary"), **row)
+            return None
+        merged = seg.merged(seq, members, events, prose, level, effective)
+        if sink:  # the chain's end stays bounded: the whole map within a third of the block
+            room = int(BLOCK_SHARE * effective / 3) - (merged.tokens - estimate_tokens(merged.prose))
+            merged = seg.merged(seq, members, events, con.bounded(prose, max(room, 60)), level, effective)
+        s.store.append_compaction(s.name, seq, "summary_completed", {
+            "content": merged.prose, "covered": [merged.uid_from, merged.uid_to], "tokens": merged.tokens,
+            "segment_ids": ids, "envelope": info.get("envelope"), "error": info.get("error")})
+        view = s.send_view()
+        first = next((i for i, x in enumerate(view.layers) if x.kind == "segment" and x.uid_from == members[0].uid_from), 1)
+        miss = sum(x.tokens for x in view.layers[first:])
+        before = con.block_tokens(self.segments)
+        after = before - sum(x.tokens for x in members) + merged.tokens
+        gates = con.gates(miss, before, after, hard=sink or tier == "hard")
+        if not gates.passed:
+            s.store.append_compaction(s.name, seq, "aborted", {"reason": f"gate: {gates.failed}", **gates.to_json()})
+            s._log("consolidation", **row, **gates.to_json())
+            return None
+        rejected = self._check_members(ids, members)
+        if rejected:
+            s.store.append_compaction(s.name, seq, "aborted", {"reason": rejected})
+            s._log("consolidation", **row, **{**gates.to_json(), "accepted": False, "gate": "commit"}, reason=rejected)
+            return None
+        declaration = {"type": "consolidate", "segment_ids": ids, "segment": merged.to_json()}
+        s.store.append_compaction(s.name, seq, "declared", declaration)
+        self._honour(declaration, seq)
+        s.store.append_compaction(s.name, seq, "finished", {})
+        s._log("consolidation", **row, **gates.to_json(), cache_miss_tokens=miss, degraded=bool(info.get("degraded")))
+        label = con.labels([x.level for x in self.segments])[self.segments.index(merged)]
+        what = "sank" if sink else "consolidated"
+        return (f"{what} {len(ids)} segments (uids {merged.uid_from}–{merged.uid_to}) into {label} "
+                f"(−{human(gates.freed)} tokens"
+                + (", zero-LLM" if sink or info.get("degraded") else "") + ")")
+
+    def _check_members(self, ids: list[int], members: list[Segment]) -> str | None:
+        """The atomic check of a consolidation: we still hold the lease, and the members are still
+        in force, consecutive and unchanged as committed by any kernel."""
+        if not self.lease.valid():
+            return "the compaction lock expired or was taken over before the commit"
+        self.refresh()
+        now = {x.id: x for x in self.segments}
+        if not _consecutive(self.segments, [i for i, x in enumerate(self.segments) if x.id in ids], ids):
+            return "the segments to merge are no longer in force"
+        if any(now[x.id].covered_hash != x.covered_hash for x in members):
+            return "a segment to merge changed since it was read"
+        return None
+
+    def merge_prose(self, members: list[Segment], effective: int) -> tuple[str | None, dict[str, Any]]:
+        """The members' guides merged by the summarizer (the one summary of summaries the design
+        allows); (None, info) on any failure or unusable output — the originals then stay."""
+        target = min(con.merge_target(members), int(0.2 * effective))
+        info: dict[str, Any] = {"target": target, "llm_tokens": 0}
+        messages = [{"role": "system", "content": self.s._system()}, *con.merge_messages(members, target)]
+        info["envelope"] = {"model": self.s.settings.model, "messages": len(messages), "tools": False}
+        try:
+            completion = self.s.summarizer.complete(messages, tools=None, stream=False)
+        except Exception as exc:  # a failed consolidation keeps the originals; it never breaks the turn
+            info["error"] = f"{type(exc).__name__}: {exc}"
+            return None, info
+        usage = completion.usage or {}
+        info["llm_tokens"] = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
+        guides = [Event(x.uid_from, self.s.name, 0, "user", x.prose) for x in members]
+        prose, why = validate_summary(completion.text, guides, target)
+        if prose is None:
+            info["error"] = f"merged guide rejected: {why}"
+        return prose, info
+
     # -- one compaction event ----------------------------------------------------------------
     def next_seq(self) -> int:
         """The next protocol number, allocated under the lease from what the store holds."""
@@ -447,7 +570,7 @@ class Compactor:
             notices += self._notes(segment, info, tier)
             manual = False
         if made:
-            evicted = self.evict_if_needed(effective)
+            merged, evicted = self.settle_block(effective, tier)
             after = s.usage()
             self.last_compaction_call = self.calls
             uid_from, uid_to = made[0].uid_from, made[-1].uid_to
@@ -458,6 +581,7 @@ class Compactor:
                    evicted=[x.id for x in evicted])
             notices.insert(0, f"context compacted: {human(before.tokens)} → {human(after.tokens)} "
                               f"(segment {ids}, uids {uid_from}–{uid_to})")
+            notices += merged
             if evicted:
                 notices.append(f"the oldest {len(evicted)} segment map{'s' if len(evicted) > 1 else ''} left the "
                                f"payload (uids {evicted[0].uid_from}–{evicted[-1].uid_to} stay recallable)")
@@ -554,6 +678,11 @@ class Compactor:
             return self.compact(tier, "auto", only_ready=True)
         self.refill_skipped = False
         return self.compact(tier, "auto")
+
+
+def _consecutive(segments: Sequence[Segment], at: list[int], ids: list[int]) -> bool:
+    """Whether the segments at indices `at` are exactly `ids`, in order and side by side."""
+    return bool(at) and [segments[i].id for i in at] == ids and at == list(range(at[0], at[0] + len(ids)))
 
 
 def _short(text: str) -> str:

@@ -77,7 +77,7 @@ def run(out: TextIO, store: str | None = None) -> int:
                   f"{usage.source})\n")
         out.write(layers_text(view.layers) + "\n")
         if any(x.kind == "segment" for x in view.layers):
-            out.write("  (L0: a first-level segment, a summary of original messages; summaries of summaries are L1)\n")
+            out.write("  (L0: a segment summarizing original messages; L1, L2, …: consolidated segments, merged from older ones, numbered from the oldest)\n")
         out.write("\n")
         out.write(view.messages[1]["content"] + "\n\n")
         out.write("%recall 5-5  (verbatim from the log)\n")

@@ -17,6 +17,7 @@ from typing import Any
 from .tokens import estimate_tokens, exact_counter, message_tokens
 
 SUMMARY_MARKER = "<<mfs:summarize>>"
+MERGE_MARKER = "<<mfs:consolidate>>"  # consolidation: the members' guides are merged, not re-summarized
 
 _CHAT_REPLY = (
     "**No model is configured**, so this reply comes from mfs_nb's offline default and no LLM "
@@ -35,6 +36,9 @@ def offline_reply(messages: list[dict[str, Any]]) -> str:
     if messages and messages[-1].get("role") == "user" and last.lstrip().startswith(SUMMARY_MARKER):
         target = re.search(r"about (\d+) tokens", last)
         return extractive_summary(messages[:-1], int(target.group(1)) if target else 1000)
+    if messages and messages[-1].get("role") == "user" and last.lstrip().startswith(MERGE_MARKER):
+        target = re.search(r"about (\d+) tokens", last)
+        return extractive_merge(messages[:-1], int(target.group(1)) if target else 1000)
     return _CHAT_REPLY
 
 
@@ -79,6 +83,25 @@ def extractive_summary(messages: list[dict[str, Any]], target_tokens: int = 1000
         used += cost
     lines = [line for i, line in picked if i in kept]
     return "\n".join(lines) or "- (nothing to summarize)"
+
+
+def extractive_merge(messages: list[dict[str, Any]], target_tokens: int = 1000) -> str:
+    """Deterministic merge of guides: their lines in order, the user's lines first when the target
+    does not fit them all (the offline default's consolidation)."""
+    lines: list[str] = []
+    for m in messages:
+        for line in (m.get("content") or "").splitlines():
+            line = line.strip()
+            if line and not line.startswith("[guide to uids") and line not in lines:
+                lines.append(line)
+    order = sorted(range(len(lines)), key=lambda i: ("user:" not in lines[i][:12], i))
+    kept, used = set(), 0
+    for i in order:
+        cost = estimate_tokens(lines[i]) + 1
+        if used + cost <= target_tokens:
+            kept.add(i)
+            used += cost
+    return "\n".join(lines[i] for i in sorted(kept)) or "- (nothing to merge)"
 
 
 def _usage(messages: list[dict[str, Any]], reply: str, tools: list[dict[str, Any]] | None = None) -> dict[str, int]:

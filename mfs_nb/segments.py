@@ -137,7 +137,7 @@ def compressor_messages(events: Sequence[Event]) -> list[dict[str, Any]]:
     """The covered events as messages, tool results reduced to the digest, pairs kept whole. The
     digest leaves out the error lines the range's fact list carries verbatim (seed 000 §4.9), so
     the prose covers what the facts do not."""
-    taken = fact_list(events).lines
+    taken = workset.lines_of(events)
     by_uid: dict[int, list[str]] = {}
     for line in taken:
         if line.group == "errors":
@@ -175,11 +175,25 @@ def clean_summary(text: str) -> str | None:
     return text
 
 
-def fact_list(events: Sequence[Event], max_lines: int = 40, max_tokens: int = 2_400) -> workset.Budgeted:
+FACT_LINES, FACT_TOKENS = 40, 2_400  # seed 000 §4.5: a segment's fact list at most
+FACT_SHARE = 0.06  # …and at most this share of the usable window: at 8k, four segments' lists would fill the block
+
+
+def fact_budget(effective: int | None) -> tuple[int, int]:
+    """(lines, tokens) of one segment's fact list: the seed's 40 lines / 2,400 tokens, scaled down
+    for small windows. Lines a segment leaves out stay in the session's fact track."""
+    if not effective:
+        return FACT_LINES, FACT_TOKENS
+    tokens = max(200, min(FACT_TOKENS, int(FACT_SHARE * effective)))
+    return max(6, min(FACT_LINES, tokens // 45)), tokens
+
+
+def fact_list(events: Sequence[Event], effective: int | None = None) -> workset.Budgeted:
     """The verbatim fact list of a range (DESIGN §4, seed 000 §4.5): its working set — errors seen,
-    commands run, files touched, what the user and the assistant said — within 40 lines and 2,400
-    tokens, the same lines the session's fact track would show."""
-    return workset.budget(workset.lines_of(events), max_tokens, max_lines)
+    commands run, files touched, what the user and the assistant said — within `fact_budget`,
+    the same lines the session's fact track would show."""
+    lines, tokens = fact_budget(effective)
+    return workset.budget(workset.lines_of(events), tokens, lines)
 
 
 def degraded_prose(events: Sequence[Event]) -> str:
@@ -203,14 +217,24 @@ def topic_keywords(events: Sequence[Event], n: int = 5) -> str:
     return ", ".join(keywords([e.content for e in events if e.role in ("user", "assistant")], n))
 
 
-def build(segment_id: int, events: Sequence[Event], prose: str | None) -> Segment:
+def build(segment_id: int, events: Sequence[Event], prose: str | None, effective: int | None = None) -> Segment:
     """A segment for `events`: the given prose, or the degraded guide when prose is None."""
-    facts = fact_list(events)
+    facts = fact_list(events, effective)
     degraded = prose is None
     body = degraded_prose(events) if degraded else prose
     seg = Segment(segment_id, events[0].uid, events[-1].uid, body or "", facts.render(), 0, degraded, 0,
                   covered_hash(events), topic_keywords(events))
     return Segment(**{**seg.to_json(), "tokens": estimate_tokens(seg.render()) + 4})
+
+
+def merged(segment_id: int, members: Sequence[Segment], events: Sequence[Event], prose: str, level: int,
+           effective: int | None = None) -> Segment:
+    """A consolidated segment: the members' union range, `prose` (the merged guide), the union
+    range's working set as its fact list, one level deeper (`level`)."""
+    facts = fact_list(events, effective)
+    new = Segment(segment_id, members[0].uid_from, members[-1].uid_to, prose, facts.render(), level, False, 0,
+                  covered_hash(events), topic_keywords(events))
+    return Segment(**{**new.to_json(), "tokens": estimate_tokens(new.render()) + 4})
 
 
 def uncovered(uids: Sequence[int], raw: set[int], spans: Sequence[tuple[int, int]]) -> list[int]:

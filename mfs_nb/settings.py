@@ -36,6 +36,9 @@ class Settings:
     auto_compaction: bool = True  # S3 at the warn/compress/hard lines
     background_compaction: bool = True  # pre-compaction off the turn (replay runs it in line)
     summary_style: str = "bullets"  # bullets | handoff
+    consolidation: bool = True  # merge old segments into deeper levels before evicting any (False: eviction only)
+    max_consolidations: int = 3  # merge depth at which the terminal chain (sink, then eviction) takes over
+    eager_merge: bool = False  # seed tier ①: merge any two adjacent segments of one level (more cache misses)
     max_tool_rounds: int = 6
     timeout_s: float = 120.0
     recall_max_events: int = 200
@@ -92,6 +95,8 @@ class Settings:
             raise ConfigError(f"warn_at={self.warn_at} must be between 0.3 and 0.85: thresholds may only move earlier")
         if not self.warn_at <= self.hard_at <= 0.95:
             raise ConfigError(f"hard_at={self.hard_at} must be between warn_at ({self.warn_at}) and 0.95")
+        if not 1 <= self.max_consolidations <= 6:
+            raise ConfigError(f"max_consolidations={self.max_consolidations} is out of range (1 … 6)")
         if not 0 <= self.fact_share <= 0.3:
             raise ConfigError(f"fact_share={self.fact_share} is out of range (0 … 0.3 of the usable window)")
         if not 0 <= self.verbatim_share <= 0.4:

@@ -55,7 +55,7 @@ def content_words(text: str) -> set[str]:
 
 def validate_summary(text: str | None, events: Sequence[Event], target: int) -> tuple[str | None, str]:
     """(prose, note) when usable — the note says what was cut, if anything — or (None, reason)."""
-    body = _ANALYSIS.sub("", text or "").replace("<<mfs:summarize>>", "").strip()
+    body = _ANALYSIS.sub("", text or "").replace("<<mfs:summarize>>", "").replace("<<mfs:consolidate>>", "").strip()
     if not body:
         return None, "empty"
     if _REFUSAL.search(body[:200]):

@@ -57,6 +57,7 @@ class FakeLLM:
 
     summaries: list[list[dict[str, Any]]] = field(default_factory=list)
     summary_text: Any = None  # None: a deterministic summary; an exception: raised; a str: returned
+    merges: list[list[dict[str, Any]]] = field(default_factory=list)  # consolidation requests
 
     def complete(self, messages, *, tools=None, stream=True, on_delta=None, on_reset=None) -> Completion:
         if messages and (messages[-1].get("content") or "").startswith("<<mfs:summarize>>"):
@@ -67,6 +68,14 @@ class FakeLLM:
                 f"- summary of {len(messages) - 2} messages: " + "; ".join(
                     (m.get("content") or "")[:40] for m in messages[1:-1] if m.get("role") == "user"))
             return Completion(text, [], {"prompt_tokens": 100, "completion_tokens": 20}, "primary", "fake")
+        if messages and (messages[-1].get("content") or "").startswith("<<mfs:consolidate>>"):
+            self.merges.append(json.loads(json.dumps(messages)))
+            if isinstance(self.summary_text, Exception):
+                raise self.summary_text
+            text = self.summary_text if isinstance(self.summary_text, str) else (
+                "- merged guide: " + "; ".join((m.get("content") or "").split("\n", 1)[-1][:60]
+                                               for m in messages[1:-1]))
+            return Completion(text, [], {"prompt_tokens": 80, "completion_tokens": 15}, "primary", "fake")
         self.received.append(json.loads(json.dumps(messages)))
         self.tools_seen.append(tools)
         item = self.script.pop(0) if self.script else self.default

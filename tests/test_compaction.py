@@ -55,7 +55,7 @@ def test_input_of_each_compression_is_exactly_its_declared_range(store_dir):
     for i in range(40):
         s.chat(chatty(i))
     declared = [r for r in s.store.load_compactions("exact") if r["phase"] == "declared" and "segment" in r
-                and r.get("type") != "upgrade"]
+                and r.get("type") not in ("upgrade", "consolidate")]
     assert declared and len(declared) == len(fake.summaries)
     events = {e.uid: e for e in s.events}
     for row, request in zip(declared, fake.summaries):
@@ -75,7 +75,7 @@ def test_segment_text_has_header_honesty_line_prose_and_facts(store_dir):
     header, _, rest = text.partition("\n")
     assert header.startswith(f"[segment #{first.id} · uids {first.uid_from}–{first.uid_to}") and header.endswith("]")
     assert " · topics: " in header  # a few topic words, so the model knows what to search for
-    assert rest.startswith(f"{HONESTY}\n\n- summary of")
+    assert rest.startswith(f"{HONESTY}\n\n- " + ("summary of" if first.level == 0 else "merged guide"))
     assert "Facts (verbatim):\nsaid (user and assistant):\n- user: " in text and "deploy/pool_" in text
     view = s.send_view()
     contents = [m["content"] for m in view.messages]

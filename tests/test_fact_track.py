@@ -50,7 +50,7 @@ def test_text_lines_only_from_the_compacted_range_tool_lines_from_the_cleared_on
 
 
 def test_facts_survive_the_eviction_of_their_segment_map(store_dir):
-    s = Session("ft", store=store_dir, window_tokens=8000, llm=FakeLLM())
+    s = Session("ft", store=store_dir, window_tokens=8000, llm=FakeLLM(), consolidation=False)  # eviction only
     for i in range(160):
         s.record("user", f"turn {i}", new_turn=True)
         s.prepare_call()

@@ -126,6 +126,7 @@ _TEMPLATES = [re.compile(p, re.M) for p in (
     r"^(?:errors seen|commands run|files touched|said \(user and assistant\)):$",
     r"^\[older fact lines of uids \d+–\d+ left for the budget[^\n]*\]$",
     r"^- \(\d+ more fact lines dropped for the budget; recall the uid range\)$",
+    r"^- \(\d+ older lines of this guide left for the budget\)$",
     r"^Facts \(verbatim\):$",
     r"^\[fact lines\]$",
     r"^\[summary of the earlier conversation\]$",

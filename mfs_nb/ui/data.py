@@ -11,6 +11,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from ..consolidation import labels
 from ..events import Event
 from ..usage import Usage, human
 
@@ -91,9 +92,9 @@ def recall_html(events: Sequence[Event]) -> str:
 
 
 # -- the layered send view ------------------------------------------------------------------
-def _label(kind: str, level: int | None, index: int, n_segments: int) -> str:
+def _label(kind: str, position: str | None) -> str:
     if kind == "segment":
-        return f"L{level} segment" if level else "L0 segment"
+        return f"{position or 'L0'} segment"
     return {"system": "system", "evicted": "evicted maps", "raw": "raw tail", "dropped": "dropped",
             "verbatim": "user's words", "facts": "fact lines"}.get(kind, kind)
 
@@ -106,7 +107,7 @@ def context_data(session: Any) -> dict[str, Any]:
     usage = session.usage(view)
     layers = []
     i = 0
-    n_segments = sum(1 for x in view.layers if x.kind == "segment")
+    positions = iter(labels([x.level for x in view.layers if x.kind == "segment"]))
     for layer in view.layers:
         text = "\n\n".join(f"[{m['role']}] {m.get('content') or ''}" + (
             "\n[tool calls] " + "; ".join(f"{(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments')})"
@@ -117,7 +118,8 @@ def context_data(session: Any) -> dict[str, Any]:
         i += layer.messages
         span = "static" if layer.uid_from is None else (
             f"uid {layer.uid_from}" if layer.uid_from == layer.uid_to else f"uids {layer.uid_from}–{layer.uid_to}")
-        layers.append({"kind": layer.kind, "label": _label(layer.kind, layer.level, i, n_segments),
+        position = next(positions) if layer.kind == "segment" else None
+        layers.append({"kind": layer.kind, "label": _label(layer.kind, position),
                        "uid_from": layer.uid_from, "uid_to": layer.uid_to, "span": span, "tokens": layer.tokens,
                        "level": layer.level, "degraded": layer.degraded, "messages": layer.messages, "text": text})
     _add_unlisted_tokens(layers, session, usage)
@@ -178,7 +180,7 @@ def layers_text(layers: Sequence[Any]) -> str:
     lines = []
     for layer in layers:
         span = f"uids {layer.uid_from}-{layer.uid_to}" if layer.uid_from is not None else "static"
-        extra = f" L{layer.level}" if layer.level is not None else ""
+        extra = f" depth {layer.level}" if layer.level else ""
         extra += " degraded" if layer.degraded else ""
         lines.append(f"{layer.kind:<10} {span:<18} {human(layer.tokens):>7} tokens  {layer.messages} msgs{extra}")
     return "\n".join(lines)

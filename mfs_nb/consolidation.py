@@ -1,0 +1,170 @@
+"""Consolidation and the terminal chain (DESIGN §6, seed 000 §4.1–4.3): pure policy, no storage.
+
+When the segment block passes ≈ 80 % of its budget, the oldest run of segments is merged into one
+segment one level deeper that covers the union of their uid ranges; old history stays in the
+payload as a few coarser layers instead of being evicted.
+
+- **Levels.** A segment's stored `level` is its merge depth (0: made from originals). It alone
+  drives the merge criteria; the labels `%context` shows are positional (see `labels`). Using
+  positions as criteria would break the recursion: a position changes whenever a layer is added.
+- **Run** (`choose_run`): from the oldest segment still below `max_depth`, consecutive segments
+  below `max_depth`, never the newest one (it stays L0 for the next turns' cache), the merge
+  input capped at 120k characters with the cut on a segment boundary. `eager`: the oldest two
+  adjacent segments of the same level (seed tier ①) — off by default: it consolidates far more
+  often, each time a prefix-cache miss for everything after the run, and summaries of summaries
+  drift further from the originals.
+- **Gates** (`gates`), computed and logged every time: `miss` = tokens after the run's start (the
+  part of the payload that misses the prefix cache), `freed` = block tokens before − after;
+  payback `miss ÷ freed ≤ 40` calls and shrink `freed ≥ 0.35 × block before`. At the hard tier
+  only "really smaller" is asked.
+- **Merge**: the fact list is the working set of the union range (every member's lines,
+  collapsed, within the fact budget); the prose comes from the summarizer given the members'
+  prose — the only summary of summaries the design allows, hence the depth cap.
+- **Terminal chain** once depth is exhausted: (a) `sink`, zero LLM — the union's fact lines and
+  each prose line of the members cut to 120 characters, absorbing the coldest L0; (b) only then
+  eviction of the oldest map (its uids stay recallable), exempt from the gates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from .segments import Segment
+from .tokens import estimate_tokens
+
+CONSOLIDATE_AT = 0.8  # share of the block budget at which the oldest run is consolidated (seed tier ②)
+PAYBACK_MAX = 40.0  # calls a consolidation's cache miss may take to pay back
+SHRINK_MIN = 0.35  # share of the block a consolidation must free
+MERGE_INPUT_CHARS = 120_000
+SINK_LINE = 120  # characters each prose line keeps in the deterministic sink
+
+
+@dataclass(frozen=True)
+class Gates:
+    """The economic gates of one consolidation, as logged."""
+
+    miss: int
+    freed: int
+    block_before: int
+    payback: float
+    shrink: float
+    passed: bool
+    failed: str = ""  # "payback", "shrink" or "not_smaller"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"miss": self.miss, "freed": self.freed, "block_before": self.block_before,
+                "payback": round(self.payback, 2), "shrink": round(self.shrink, 3), "accepted": self.passed,
+                "gate": self.failed}
+
+
+def block_tokens(segments: Sequence[Segment]) -> int:
+    return sum(x.tokens for x in segments)
+
+
+def over_trigger(segments: Sequence[Segment], budget: float) -> bool:
+    return len(segments) > 1 and block_tokens(segments) > CONSOLIDATE_AT * budget
+
+
+def choose_run(segments: Sequence[Segment], max_depth: int, eager: bool = False) -> list[int]:
+    """Indices of the segments to merge (at least two, consecutive), or [] when none qualify."""
+    if eager:
+        for i in range(len(segments) - 2):  # never the newest
+            a, b = segments[i], segments[i + 1]
+            if a.level == b.level < max_depth:
+                return [i, i + 1]
+        return []
+    start = next((i for i, x in enumerate(segments[:-1]) if x.level < max_depth), None)
+    if start is None:
+        return []
+    run: list[int] = []
+    chars = 0
+    for i in range(start, len(segments) - 1):
+        x = segments[i]
+        if x.level >= max_depth or (run and chars + len(x.prose) + len(x.facts) > MERGE_INPUT_CHARS):
+            break
+        run.append(i)
+        chars += len(x.prose) + len(x.facts)
+    return run if len(run) >= 2 else []
+
+
+def sink_run(segments: Sequence[Segment]) -> list[int]:
+    """The terminal chain's run: from the oldest segment through the coldest L0 (level 0), or the
+    oldest two when no L0 but the newest is left; never the newest."""
+    coldest = next((i for i, x in enumerate(segments[:-1]) if x.level == 0), None)
+    if coldest is None:
+        coldest = 1 if len(segments) >= 3 else None
+    return list(range(coldest + 1)) if coldest is not None and coldest >= 1 else []
+
+
+def gates(miss: int, block_before: int, block_after: int, hard: bool) -> Gates:
+    freed = block_before - block_after
+    payback = miss / freed if freed > 0 else float("inf")
+    shrink = freed / block_before if block_before else 0.0
+    if freed <= 0:
+        return Gates(miss, freed, block_before, payback, shrink, False, "not_smaller")
+    if hard:
+        return Gates(miss, freed, block_before, payback, shrink, True)
+    if shrink < SHRINK_MIN:
+        return Gates(miss, freed, block_before, payback, shrink, False, "shrink")
+    if payback > PAYBACK_MAX:
+        return Gates(miss, freed, block_before, payback, shrink, False, "payback")
+    return Gates(miss, freed, block_before, payback, shrink, True)
+
+
+def merge_target(members: Sequence[Segment]) -> int:
+    """The merged prose's size: a third of the members' prose, at least 200 tokens."""
+    return max(200, sum(estimate_tokens(x.prose) for x in members) // 3)
+
+
+def merge_messages(members: Sequence[Segment], target: int) -> list[dict[str, Any]]:
+    """What the summarizer reads: each member's guide as a message, then the instruction."""
+    out: list[dict[str, Any]] = [
+        {"role": "user", "content": f"[guide to uids {x.uid_from}–{x.uid_to}]\n{x.prose.strip()}"} for x in members]
+    text = resources.files("mfs_nb").joinpath("prompts/consolidate.md").read_text(encoding="utf-8")
+    out.append({"role": "user", "content": text.format(uid_from=members[0].uid_from, uid_to=members[-1].uid_to,
+                                                       target=target).strip()})
+    return out
+
+
+def sink_prose(members: Sequence[Segment]) -> str:
+    """(a) of the terminal chain: every prose line of the members, cut to 120 characters."""
+    lines = []
+    for x in members:
+        for line in x.prose.splitlines():
+            line = " ".join(line.split())
+            if line:
+                lines.append(line if len(line) <= SINK_LINE else line[:SINK_LINE - 1] + "…")
+    return "\n".join(lines)
+
+
+def bounded(prose: str, max_tokens: int) -> str:
+    """The sink's prose within `max_tokens`: its newest lines, and one line saying that older ones
+    left (the map still covers their uids; recall_history returns the originals)."""
+    lines = prose.splitlines()
+    kept: list[str] = []
+    used = 0
+    for line in reversed(lines):
+        cost = estimate_tokens(line) + 1
+        if used + cost > max_tokens:
+            break
+        kept.append(line)
+        used += cost
+    if len(kept) == len(lines):
+        return prose
+    return "\n".join([f"- ({len(lines) - len(kept)} older lines of this guide left for the budget)", *reversed(kept)])
+
+
+def labels(levels: Sequence[int | None]) -> list[str]:
+    """Positional labels for `%context`: consolidated segments L1, L2, … from the oldest; every
+    unconsolidated segment L0. Display only: the stored level is what merges are decided on."""
+    out, n = [], 0
+    for level in levels:
+        if level:
+            n += 1
+            out.append(f"L{n}")
+        else:
+            out.append("L0")
+    return out
