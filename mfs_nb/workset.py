@@ -289,7 +289,7 @@ def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: i
                         f.tools.append(tool_label)
                     if e.uid not in f.uids:
                         f.uids.append(e.uid)
-        elif e.role == "tool" and tool_ok:
+        elif e.role == "tool" and tool_ok and e.name not in MEMORY_TOOLS:  # a recall repeats, it saw nothing new
             for text in error_lines(e.content):
                 errors.setdefault(text, []).append(e.uid)
         if e.role in ("user", "assistant") and text_ok and e.content:

@@ -138,13 +138,14 @@ def test_other_calls_show_their_arguments_and_outcome_and_pair_with_their_own_re
         result(2, "call_0", '{"reservation_id": "4NQLHD", "status": "active"}'),
         call(3, "cancel_reservation", {"reservation_id": "4NQLHD"}, "call_0"),  # the same id again
         result(4, "call_0", '{"status": "cancelled", "refund": 405}'),
-        call(5, "recall_history", {"uid_from": 1, "uid_to": 2}, "call_1"), result(6, "call_1", "…"),
+        call(5, "recall_history", {"uid_from": 1, "uid_to": 2}, "call_1"),
+        Event(6, "s", 6, "tool", "[#7] KeyError: 'id'", tool_call_id="call_1", name="recall_history"),
     ]
     calls = lines_of(events)
     text = {x.text: x for x in calls}
     cancel = 'cancel_reservation(reservation_id=4NQLHD) → {"status": "cancelled", "refund": 405}'
     lookup = 'get_reservation_details(reservation_id=4NQLHD) → {"reservation_id": "4NQLHD", "status": "active"}'
-    assert set(text) == {cancel, lookup}  # the memory layer's own tools are not work done
+    assert set(text) == {cancel, lookup}  # the memory layer's own tools are not work done, nor what they return
     assert text[cancel].kind < text[lookup].kind  # an action outranks a lookup
     long = lines_of([call(1, "book", {"note": "x" * 500, "total": 405}, "c"), result(2, "c", "y" * 500)])[0]
     assert len(long.text) <= 200 and long.text.startswith("book(note=") and "→ yyy" in long.text
