@@ -3,17 +3,14 @@
 Deterministic, zero LLM. A *fact line* is a line (or, in prose, a sentence) that carries an error
 string, a command, a path or URL, or a number with a unit, an amount, a date or an identifier —
 in English or Chinese. Lines are kept word for word, cut only when longer than 200 characters
-(head 150 + "…" + tail 50). Over budget, lines are dropped by priority
-(errors > commands > paths > numbers), and the number dropped is reported.
+(head 150 + "…" + tail 50). Their budget and priorities are the working set's (`workset.budget`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-
-from .tokens import estimate_tokens
+from dataclasses import dataclass
 
 ERROR, COMMAND, PATH, NUMBER = 0, 1, 2, 3
 
@@ -118,40 +115,6 @@ def extract(text: str, uid: int | None = None) -> list[Fact]:
             seen.add(line)
             out.append(Fact(line, kind, uid))
     return out
-
-
-@dataclass
-class FactList:
-    """The fact track of one segment: kept lines in order, and how many were dropped."""
-
-    facts: list[Fact] = field(default_factory=list)
-    dropped: int = 0
-
-    def render(self) -> str:
-        lines = [f"- {f.text}" + (f" [#{f.uid}]" if f.uid is not None else "") for f in self.facts]
-        if self.dropped:
-            lines.append(f"- ({self.dropped} more fact lines dropped for the budget; recall the uid range)")
-        return "\n".join(lines)
-
-
-def budgeted(facts: Iterable[Fact], max_lines: int = 40, max_tokens: int = 2400) -> FactList:
-    """Keep facts within the budget: lower-priority kinds go first, and within a kind the older
-    lines go first; the kept lines stay in their original order."""
-    unique: list[Fact] = []
-    seen: set[str] = set()
-    for f in facts:
-        if f.text not in seen:
-            seen.add(f.text)
-            unique.append(f)
-    order = sorted(range(len(unique)), key=lambda i: (unique[i].kind, -i))
-    keep: set[int] = set()
-    tokens = 0
-    for i in order:
-        cost = estimate_tokens(unique[i].text) + 6
-        if len(keep) < max_lines and tokens + cost <= max_tokens:
-            keep.add(i)
-            tokens += cost
-    return FactList([unique[i] for i in sorted(keep)], len(unique) - len(keep))
 
 
 def tool_digest(text: str, head: int = 400, tail: int = 200, max_facts: int = 12,

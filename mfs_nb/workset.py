@@ -262,7 +262,7 @@ def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: i
                     c.status = exit_status(result.content) if result is not None else ""
                     if e.uid not in c.uids:
                         c.uids.append(e.uid)
-                    touched = [(p, op) for p, op in shell_files(command)]
+                    touched = shell_files(command)
                     tool_label = tool or "shell"
                 else:
                     op = file_op(tool, args)

@@ -11,9 +11,10 @@ from hypothesis import strategies as st
 
 from mfs_nb import LLMError, PromptTooLong, Session
 from mfs_nb.events import Event
-from mfs_nb.facts import COMMAND, ERROR, NUMBER, PATH, budgeted, classify, extract
+from mfs_nb.facts import COMMAND, ERROR, NUMBER, PATH, classify, extract
 from mfs_nb.replay import normalise, replay
 from mfs_nb.segments import HONESTY, compressor_messages, select_range
+from mfs_nb.workset import budget, lines_of
 
 
 def chatty(i: int) -> str:
@@ -254,11 +255,12 @@ def test_fact_track_extraction_and_budget():
     assert classify("just chatting about nothing") is None
     facts = extract("a " * 150 + "ends with 42 ms of latency and more words " + "z " * 60)
     assert facts and all(len(f.text) <= 201 for f in facts)  # head 150 + "…" + tail 50
-    many = [f for i in range(100) for f in extract(f"line {i}: took {i} ms\nTimeoutError: {i}")]
-    kept = budgeted(many, max_lines=40, max_tokens=2400)
-    assert len(kept.facts) == 40 and kept.dropped == len({f.text for f in many}) - 40
-    assert all(f.kind == ERROR for f in kept.facts[:1]) and sum(f.kind == ERROR for f in kept.facts) == 40
-    assert "more fact lines dropped" in kept.render()
+    many = [Event(i + 1, "s", i + 1, "assistant", f"line {i}: took {i} ms\nTimeoutError: {i}") for i in range(100)]
+    lines = lines_of(many)
+    kept = budget(lines, max_tokens=2400, max_lines=40)
+    assert len(kept.lines) == 40 and len(kept.dropped) == len({x.text for x in lines}) - 40
+    assert sum(x.kind == ERROR for x in kept.lines) == 40  # every kept line is an error: they outrank numbers
+    assert "[older fact lines of uids 1–" in kept.render()
 
 
 def test_compact_magic(tmp_path, monkeypatch, capsys):
