@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -35,6 +36,58 @@ from .errors import StoreError
 from .events import Event
 
 DEFAULT_STORE = ".mfs"
+
+_REST_CLIENT = "lance_namespace_urllib3_client"
+_import_lock = threading.Lock()
+
+
+def lancedb_module() -> Any:
+    """`import lancedb`, about 1 s faster (issue 17: the first reply after `%load_ext` waits on it).
+
+    `import lancedb` pulls in `lance_namespace`, which imports the models of the generated REST
+    client for remote namespaces; the client package's `__init__` also imports its nine API
+    modules, whose pydantic validators take about 1.2 s of the 1.7 s import on this machine. A
+    local or object-store database never calls them. So, unless something already imported the
+    client, the package is registered with its real search path but without running its
+    `__init__`: submodules (`.models`, `.api.table_api`) import normally, and the first access to
+    anything the `__init__` defines runs it for real. If the package is not where it is expected,
+    nothing is changed.
+    """
+    with _import_lock:
+        if "lancedb" not in sys.modules and _REST_CLIENT not in sys.modules:
+            _defer_package_init(_REST_CLIENT)
+        import lancedb
+
+    return lancedb
+
+
+def _defer_package_init(name: str) -> None:
+    import importlib.util
+    import types
+
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return
+    if spec is None or spec.loader is None or not spec.submodule_search_locations:
+        return
+
+    class Deferred(types.ModuleType):
+        def __getattr__(self, attr: str) -> Any:
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            self.__class__ = types.ModuleType  # from here on an ordinary module
+            spec.loader.exec_module(self)  # type: ignore[union-attr]
+            return getattr(self, attr)
+
+    module = Deferred(name)
+    module.__spec__ = spec
+    module.__path__ = list(spec.submodule_search_locations)
+    module.__file__ = spec.origin
+    module.__package__ = name
+    module.__loader__ = spec.loader
+    sys.modules[name] = module
+
 
 EVENTS_SCHEMA = pa.schema(
     [
@@ -177,7 +230,7 @@ class Store:
     def __init__(self, uri: str | os.PathLike[str] | None = None):
         self.uri = resolve_uri(uri)
         try:
-            import lancedb
+            lancedb = lancedb_module()
 
             # Every read sees the latest version, so another kernel's writes are never missed.
             self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
@@ -705,7 +758,7 @@ def _table_names(db: Any) -> set[str]:
 
 def table_report(uri: str) -> dict[str, dict[str, Any]]:
     """Every table of a store: whether it reads in full, its row count and its versions."""
-    import lancedb
+    lancedb = lancedb_module()
 
     db = lancedb.connect(resolve_uri(uri))
     out: dict[str, dict[str, Any]] = {}
@@ -725,7 +778,7 @@ def table_report(uri: str) -> dict[str, dict[str, Any]]:
 
 def salvage_rows(uri: str, name: str, chunk: int = 64) -> tuple[list[dict[str, Any]], int]:
     """The rows of a table that still read, row groups first, then one by one; and how many did not."""
-    import lancedb
+    lancedb = lancedb_module()
 
     table = lancedb.connect(resolve_uri(uri)).open_table(name)
     total = table.count_rows()
@@ -747,7 +800,7 @@ def salvage_rows(uri: str, name: str, chunk: int = 64) -> tuple[list[dict[str, A
 
 def rewrite_events(uri: str, rows: list[dict[str, Any]]) -> None:
     """Write the salvaged events as a new version of the events table (older versions stay)."""
-    import lancedb
+    lancedb = lancedb_module()
 
     db = lancedb.connect(resolve_uri(uri))
     data = pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA)

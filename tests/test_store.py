@@ -57,3 +57,28 @@ def test_concurrent_kernels_lose_and_duplicate_nothing(store_dir):
     events = Store(store_dir).load_events("race")
     assert [e.uid for e in events] == list(range(1, 25))
     assert sorted(e.content for e in events if e.role == "user") == sorted(f"{t}-{i}" for t in "ab" for i in range(6))
+
+
+def test_lancedb_import_defers_only_the_rest_clients_init(tmp_path):
+    """The REST client's package `__init__` is skipped at import, and runs the moment anything it
+    defines is asked for; a local store works either way."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from mfs_nb import store
+lancedb = store.lancedb_module()
+client = sys.modules["lance_namespace_urllib3_client"]
+before = "lance_namespace_urllib3_client.api.table_api" in sys.modules
+s = store.Store(sys.argv[1])
+from mfs_nb.events import Event
+s.append_events([Event(uid=1, session="s", turn=1, role="user", content="hi", turn_start=True, created_at="t")], writer="w")
+rows = [e.content for e in s.load_events("s")]
+api = client.TableApi  # defined by the package __init__: now it runs
+after = "lance_namespace_urllib3_client.api.table_api" in sys.modules
+print(before, rows, after, api.__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "st")], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-800:]
+    assert out.stdout.split() == ["False", "['hi']", "True", "TableApi"]
