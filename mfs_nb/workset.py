@@ -44,6 +44,7 @@ MEMORY_TOOLS = frozenset({"recall_history", "recall_search"})  # the memory laye
 CHANGES = ("created", "edited", "deleted")
 MAX_UIDS = 5  # uids shown on one collapsed line (the newest); the count of the rest follows
 ERRORS_PER_RESULT = 4
+TOOL = "tool: "  # the speaker of lines read from tool calls and results (said lines carry user: / assistant:)
 
 _FILE_KEYS = ("file_path", "path", "notebook_path", "filename", "file", "target_file", "filepath")
 _SHELL_KEYS = ("command", "cmd", "script")
@@ -308,14 +309,14 @@ def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: i
                         _add_said(said, f"user: {t}", COMMAND, e.uid)
     out: list[Line] = []
     for text, uids in errors.items():
-        out.append(Line("errors", ERROR, text, text, tuple(uids)))
+        out.append(Line("errors", ERROR, text, cut(TOOL + text), tuple(uids)))
     for c in commands.values():
-        text = (f"{c.tool}: " if c.tool else "$ ") + c.command + (f" — {c.description}" if c.description else "") + (f" → {c.status}" if c.status else "")
+        text = TOOL + (f"{c.tool}: " if c.tool else "$ ") + c.command + (f" — {c.description}" if c.description else "") + (f" → {c.status}" if c.status else "")
         out.append(Line("commands", COMMAND, c.command, cut(text) if len(text) > 260 else text, tuple(c.uids)))
     for kind, text, uids in calls.values():
-        out.append(Line("calls", kind, text, text, tuple(dict.fromkeys(uids))))
+        out.append(Line("calls", kind, text, cut(TOOL + text), tuple(dict.fromkeys(uids))))
     for f in files.values():
-        text = f"{cut(f.path)} — {f.op} ({', '.join(f.tools)})"
+        text = f"{TOOL}{cut(f.path)} — {f.op} ({', '.join(f.tools)})"
         out.append(Line("files", PATH, f.path, text, tuple(f.uids)))
     for text, (kind, uids) in said.items():
         out.append(Line("said", kind, text, text, tuple(uids)))

@@ -53,25 +53,25 @@ def by_group(lines):
 
 def test_files_collapse_with_the_latest_change_and_every_uid():
     files = by_group(lines_of(history()))["files"]
-    pool = [x for x in files if x.startswith("- /app/lib/pool.ex")]
-    assert pool == ["- /app/lib/pool.ex — edited (Read, Edit) [#2 #4 #8]"]  # a later read does not hide the edit
-    assert "- /app/lib/new.ex — created (str_replace_based_edit_tool) [#10]" in files
-    assert "- tmp/old.log — deleted (Bash) [#12]" in files
-    assert "- priv/repo/migrations/*.exs — searched (Glob) [#14]" in files
+    pool = [x for x in files if x.startswith("- tool: /app/lib/pool.ex")]
+    assert pool == ["- tool: /app/lib/pool.ex — edited (Read, Edit) [#2 #4 #8]"]  # a later read does not hide the edit
+    assert "- tool: /app/lib/new.ex — created (str_replace_based_edit_tool) [#10]" in files
+    assert "- tool: tmp/old.log — deleted (Bash) [#12]" in files
+    assert "- tool: priv/repo/migrations/*.exs — searched (Glob) [#14]" in files
 
 
 def test_commands_keep_their_description_and_exit_status():
     commands = by_group(lines_of(history()))["commands"]
-    assert "- Bash: mix test test/pool_test.exs — Run the pool tests → exit 1 [#6]" in commands
-    assert any(c.startswith("- Bash: rm tmp/old.log && mix test test/pool_test.exs — Clean up") for c in commands)
+    assert "- tool: Bash: mix test test/pool_test.exs — Run the pool tests → exit 1 [#6]" in commands
+    assert any(c.startswith("- tool: Bash: rm tmp/old.log && mix test test/pool_test.exs — Clean up") for c in commands)
     assert exit_status("Traceback (most recent call last):\nValueError: bad") == "failed"
     assert exit_status("all good") == ""
 
 
 def test_errors_with_their_location_and_the_users_decisions():
     groups = by_group(lines_of(history()))
-    assert groups["errors"] == ["- 1) test checkout (PoolTest) [#7]",  # the failing test, then its error
-                                "- test/pool_test.exs:12 — ** (RuntimeError) pool exhausted after 30 s [#7]"]
+    assert groups["errors"] == ["- tool: 1) test checkout (PoolTest) [#7]",  # the failing test, then its error
+                                "- tool: test/pool_test.exs:12 — ** (RuntimeError) pool exhausted after 30 s [#7]"]
     said = "\n".join(groups["said"])
     assert "user: Fix the pool. Don't touch the migrations; use Postgres 16 instead of SQLite. [#1]" in said
     assert said.count("Don't touch the migrations") == 1
@@ -143,9 +143,9 @@ def test_other_calls_show_their_arguments_and_outcome_and_pair_with_their_own_re
     ]
     calls = lines_of(events)
     text = {x.text: x for x in calls}
-    cancel = 'cancel_reservation(reservation_id=4NQLHD) → {"status": "cancelled", "refund": 405}'
-    lookup = 'get_reservation_details(reservation_id=4NQLHD) → {"reservation_id": "4NQLHD", "status": "active"}'
+    cancel = 'tool: cancel_reservation(reservation_id=4NQLHD) → {"status": "cancelled", "refund": 405}'
+    lookup = 'tool: get_reservation_details(reservation_id=4NQLHD) → {"reservation_id": "4NQLHD", "status": "active"}'
     assert set(text) == {cancel, lookup}  # the memory layer's own tools are not work done, nor what they return
     assert text[cancel].kind < text[lookup].kind  # an action outranks a lookup
     long = lines_of([call(1, "book", {"note": "x" * 500, "total": 405}, "c"), result(2, "c", "y" * 500)])[0]
-    assert len(long.text) <= 200 and long.text.startswith("book(note=") and "→ yyy" in long.text
+    assert len(long.text) <= 200 and long.text.startswith("tool: book(note=") and "→ yyy" in long.text
