@@ -13,6 +13,11 @@ numbers are allocated under it from what the store holds, and the commit check r
 A `started` without `finished`/`aborted` whose lease has expired is a crash: it is reported and
 cleaned; a declaration that was written is complete and stays. A declaration that does not
 follow the covered prefix (a stale writer) is reported and not honoured, by every reader alike.
+
+This module is the protocol; the policies it carries out are each a module of their own:
+`coldrange` (what a compaction covers), `consolidation` (when and what to merge, the gates) and
+`terminal` (the sink and eviction once depth is exhausted). The session is reached only through
+`host.Host`.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import coldrange
 from . import consolidation as con
+from . import terminal
 from . import segments as seg
 from .errors import MfsError
 from .events import Event
@@ -34,10 +41,8 @@ from .tokens import estimate_tokens
 from .usage import TIERS, human
 
 if TYPE_CHECKING:
-    from .session import Session
+    from .host import Host
 
-KEEP_TAIL = 0.25  # share of the usable window kept raw as the recent tail
-TARGET_AFTER = 0.55  # a compaction event goes on until pressure is under this share
 BLOCK_SHARE = 0.35  # the segment block may take this share before its oldest maps are evicted
 BREAKER = 3  # consecutive summarizer failures before automatic LLM compaction stops
 REFILL_CALLS = 2  # a compaction needed again within this many calls is a rapid refill
@@ -60,8 +65,8 @@ class Pending:
 class Compactor:
     """Segments of one session and the machinery that makes them."""
 
-    def __init__(self, session: Session):
-        self.s = session
+    def __init__(self, host: Host):
+        self.s = host
         self.segments: list[Segment] = []
         self.evicted: list[tuple[int, int]] = []
         self.failures = 0
@@ -75,7 +80,7 @@ class Compactor:
         self.ignored: list[str] = []
         self.upgrade_done = False
         self.seq = 0
-        self.lease = Lease(session.store, session.name, owner_name(session._writer))
+        self.lease = Lease(host.store, host.name, owner_name(host.writer))
         self.half_open = False
         self.opened_at = 0.0
         self._restore_breaker()
@@ -109,14 +114,11 @@ class Compactor:
                 note = (f"recovered an interrupted compaction (#{number}): "
                         + ("its declaration was complete and stays" if declared else "nothing half-done was kept"))
                 self.recovered.append(note)
-                self.s._log("recovered", seq=number, declared=bool(declared))
+                self.s.log("recovered", seq=number, declared=bool(declared))
 
     def refresh(self) -> None:
         """Under the lease: what every kernel committed, and events other kernels appended."""
-        s = self.s
-        newer = s.store.load_events(s.name, uid_from=s.last_uid + 1)
-        if newer:
-            s._events = s._events + [e for e in newer if e.uid > s.last_uid]
+        self.s.catch_up()
         self._load(holding=True)
 
     def _acquire(self, wait_s: float) -> str | None:
@@ -173,41 +175,31 @@ class Compactor:
 
     def raw(self) -> list[Event]:
         covered = self.covered_to
-        return [e for e in self.s._events if e.uid > covered]
+        return [e for e in self.s.events() if e.uid > covered]
 
     # -- the range -----------------------------------------------------------------------
     def choose(self, effective: int, emergency: bool = False, small_ok: bool = False) -> tuple[list[Event], str]:
-        """The cold range. `emergency` (hard line, nothing else fits) and `small_ok` (a manual
-        %compact): keep only the current turn and accept any size."""
-        raw = self.raw()
-        target_lo = min(seg.TARGET_MIN, int(0.1 * effective))
-        min_tokens = 1 if emergency or small_ok else int(min(max(2_000, 2 * target_lo), 0.2 * effective))
-        keep = 0 if emergency or small_ok else int(KEEP_TAIL * effective)
-        choice = seg.select_range(raw, keep, min_tokens)
-        if choice.start == choice.end:
-            return [], choice.reason
-        return raw[choice.start:choice.end], ""
+        """The cold range (`coldrange.choose`) of what no segment covers yet."""
+        return coldrange.choose(self.raw(), effective, emergency, small_ok)
 
     def target(self, events: Sequence[Event], effective: int) -> int:
-        tokens = sum(seg.event_tokens(e) for e in events)
-        lo, hi = min(seg.TARGET_MIN, int(0.1 * effective)), min(seg.TARGET_MAX, int(0.2 * effective))
-        return max(lo, min(hi, tokens // 2))
+        return coldrange.target(events, effective)
 
     # -- making one segment ----------------------------------------------------------------
     def summarize(self, events: Sequence[Event], effective: int, focus: str = "") -> tuple[str | None, dict[str, Any]]:
         """Ask the model for the prose guide; (None, info) on any failure or unusable output."""
         target = self.target(events, effective)
-        info: dict[str, Any] = {"target": target, "style": self.s.settings.summary_style, "llm_tokens": 0}
+        info: dict[str, Any] = {"target": target, "style": self.s.settings().summary_style, "llm_tokens": 0}
         if self.breaker_open and not self._may_try():
             info["error"] = "circuit breaker open: automatic LLM compaction is off for this session"
             return None, info
-        messages = [{"role": "system", "content": self.s._system()}, *seg.compressor_messages(events),
-                    {"role": "user", "content": seg.instruction(self.s.settings.summary_style, events[0].uid,
+        messages = [{"role": "system", "content": self.s.system_prompt()}, *seg.compressor_messages(events),
+                    {"role": "user", "content": seg.instruction(self.s.settings().summary_style, events[0].uid,
                                                                 events[-1].uid, target, focus)}]
-        info["envelope"] = {"model": self.s.settings.model, "messages": len(messages), "tools": False}
+        info["envelope"] = {"model": self.s.settings().model, "messages": len(messages), "tools": False}
         started = time.monotonic()
         try:
-            completion = self.s.summarizer.complete(messages, tools=None, stream=False)
+            completion = self.s.summarizer().complete(messages, tools=None, stream=False)
         except MfsError as exc:
             info["error"] = str(exc)
             return None, info
@@ -220,7 +212,7 @@ class Compactor:
         prose, why = validate_summary(completion.text, events, target)
         if prose is None:
             info["error"] = f"summary rejected: {why}; not committed"
-            self.s._log("summary_rejected", reason=why, uid_from=events[0].uid, uid_to=events[-1].uid,
+            self.s.log("summary_rejected", reason=why, uid_from=events[0].uid, uid_to=events[-1].uid,
                         chars=len(completion.text or ""))
         elif why:
             info["note"] = why
@@ -230,7 +222,7 @@ class Compactor:
         # the user messages of this range join the verbatim track when it commits: classify them
         # now, off the turn when this runs in the background (a failure leaves them own words)
         try:
-            self.s.verbatim.classify_pending(events[-1].uid)
+            self.s.before_cover(events[-1].uid)
         except Exception:
             pass
         prose, info = self.summarize(events, effective, focus)
@@ -253,8 +245,8 @@ class Compactor:
             return "the compaction lock expired or was taken over before the commit"
         self.refresh()
         covered = self.s.store.load_events(self.s.name, segment.uid_from, segment.uid_to)
-        if segment.uid_from != self.covered_to + 1 and not (self.covered_to == 0 and covered and self.s._events
-                                                            and covered[0].uid == self.s._events[0].uid):
+        if segment.uid_from != self.covered_to + 1 and not (self.covered_to == 0 and covered and self.s.events()
+                                                            and covered[0].uid == self.s.events()[0].uid):
             return f"range {segment.uid_from}–{segment.uid_to} no longer follows the covered prefix"
         if [e.uid for e in covered] != list(range(segment.uid_from, segment.uid_to + 1)):
             return "covered uids are not contiguous"
@@ -281,7 +273,7 @@ class Compactor:
         if self.breaker_open or self.upgrade_done or not degraded:
             return None
         old = degraded[-1]
-        events = [e for e in self.s._events if old.uid_from <= e.uid <= old.uid_to]
+        events = [e for e in self.s.events() if old.uid_from <= e.uid <= old.uid_to]
         prose, info = self.summarize(events, effective)
         if prose is None:
             self._failed()
@@ -296,7 +288,7 @@ class Compactor:
         self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "upgrade", "segment": new.to_json()})
         self.s.store.append_compaction(self.s.name, seq, "finished", {})
         self._honour({"type": "upgrade", "segment": new.to_json()})
-        self.s._log("upgrade", segment=old.id, tokens_before=old.tokens, tokens_after=new.tokens,
+        self.s.log("upgrade", segment=old.id, tokens_before=old.tokens, tokens_after=new.tokens,
                     llm_tokens=info.get("llm_tokens", 0))
         return f"segment #{old.id} upgraded from its zero-LLM form: {human(old.tokens)} → {human(new.tokens)} tokens"
 
@@ -307,13 +299,13 @@ class Compactor:
         if self.half_open:
             self.half_open = False
             self.opened_at = time.time()
-            self.s._log("breaker_open", failures=self.failures, half_open_try=True)
+            self.s.log("breaker_open", failures=self.failures, half_open_try=True)
             self._save_breaker()
             return False
         if self.failures >= BREAKER and not self.breaker_open:
             self.breaker_open = True
             self.opened_at = time.time()
-            self.s._log("breaker_open", failures=self.failures)
+            self.s.log("breaker_open", failures=self.failures)
             self._save_breaker()
             return True
         self._save_breaker()
@@ -324,7 +316,7 @@ class Compactor:
         was_open, self.failures = self.breaker_open, 0
         self.breaker_open = self.half_open = False
         if was_open:
-            self.s._log("breaker_closed")
+            self.s.log("breaker_closed")
         self._save_breaker()
 
     def _may_try(self) -> bool:
@@ -346,15 +338,14 @@ class Compactor:
 
     def _save_breaker(self) -> None:
         state = self.breaker_state()
-        if getattr(self.s, "_breaker", None) != state:
-            self.s._breaker = state
+        if self.s.load_breaker() != state:
             try:
-                self.s._save_meta()
+                self.s.save_breaker(state)
             except Exception:  # the breaker is advisory; a failed save only forgets it
                 pass
 
     def _restore_breaker(self) -> None:
-        state = getattr(self.s, "_breaker", None) or {}
+        state = self.s.load_breaker() or {}
         try:
             self.failures = max(0, int(state.get("failures", 0)))
             self.breaker_open = bool(state.get("open", False))
@@ -363,18 +354,30 @@ class Compactor:
             self.failures, self.breaker_open, self.opened_at = 0, False, 0.0
 
     def evict_if_needed(self, effective: int) -> list[Segment]:
-        """Bounded block: while the block is over its share, the oldest maps leave the payload.
-        The eviction is declared like a segment (its own protocol entry), so a restart agrees."""
-        gone: list[Segment] = []
-        while len(self.segments) > 1 and sum(x.tokens for x in self.segments) > BLOCK_SHARE * effective:
+        """(b) of the terminal chain (`terminal.py`): the oldest maps leave the payload while the
+        block is over its share, then while the payload is over 0.9 × the window. Declared like a
+        segment (its own protocol entry), so a restart agrees; the ledger row has the check."""
+        n = terminal.evictions(self.segments, BLOCK_SHARE * effective)
+        if not n:
+            return []
+        block_before = con.block_tokens(self.segments)
+        gone = list(self.segments[:n])
+        for x in gone:
+            self._honour({"type": "evict", "segment_ids": [x.id]})
+        usage = self.s.usage()
+        limit = terminal.EVICT_CHECK * usage.window
+        while usage.tokens > limit and len(self.segments) > 1:
             gone.append(self.segments[0])
             self._honour({"type": "evict", "segment_ids": [self.segments[0].id]})
-        if gone:
-            seq = self.next_seq()
-            ids = [x.id for x in gone]
-            self._start(seq, {"trigger": "evict", "segment_ids": ids})
-            self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "evict", "segment_ids": ids})
-            self.s.store.append_compaction(self.s.name, seq, "finished", {})
+            usage = self.s.usage()
+        seq = self.next_seq()
+        ids = [x.id for x in gone]
+        self._start(seq, {"trigger": "evict", "segment_ids": ids})
+        self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "evict", "segment_ids": ids})
+        self.s.store.append_compaction(self.s.name, seq, "finished", {})
+        self.s.log("eviction", segments=ids, uid_from=gone[0].uid_from, uid_to=gone[-1].uid_to,
+                   block_before=block_before, block_after=con.block_tokens(self.segments),
+                   payload_after=usage.tokens, window=usage.window, within=usage.tokens <= limit)
         return gone
 
     # -- consolidation and the terminal chain (consolidation.py has the policy) -----------------
@@ -382,7 +385,7 @@ class Compactor:
         """After a compaction: past ≈ 80 % of its budget, the block's oldest run is consolidated
         (gates permitting); once depth is exhausted the deterministic sink absorbs the coldest L0;
         only what is still over the budget is evicted. `consolidation=False`: eviction only."""
-        st = self.s.settings
+        st = self.s.settings()
         budget = BLOCK_SHARE * effective
         notices: list[str] = []
         for _ in range(2 * st.max_consolidations + 2):  # each pass commits one merge or stops
@@ -391,7 +394,7 @@ class Compactor:
             run = con.choose_run(self.segments, st.max_consolidations, st.eager_merge)
             note = self._merge(run, effective, tier) if run else None
             if note is None and not run and con.block_tokens(self.segments) > budget:
-                sink = con.sink_run(self.segments)
+                sink = terminal.sink_run(self.segments)
                 note = self._merge(sink, effective, tier, sink=True) if sink else None
             if note is None:
                 break
@@ -402,36 +405,36 @@ class Compactor:
         """One consolidation (or, `sink`, the terminal chain's zero-LLM merge) through the same
         protocol as a compaction: started → summary_completed → declared → finished, or aborted
         with the gate or the reason. Returns the notice, or None when nothing was committed."""
-        s, st = self.s, self.s.settings
+        s, st = self.s, self.s.settings()
         members = [self.segments[i] for i in run]
         ids = [x.id for x in members]
-        events = [e for e in s._events if members[0].uid_from <= e.uid <= members[-1].uid_to]
+        events = [e for e in s.events() if members[0].uid_from <= e.uid <= members[-1].uid_to]
         seq = self.next_seq()
         kind = "sink" if sink else "consolidate"
         self._start(seq, {"trigger": kind, "tier": tier, "segment_ids": ids, "uid_from": members[0].uid_from,
                           "uid_to": members[-1].uid_to})
         info: dict[str, Any] = {"llm_tokens": 0}
         if sink:
-            prose: str | None = con.sink_prose(members)
+            prose: str | None = terminal.sink_prose(members)
         else:
             prose, info = self.merge_prose(members, effective)
             if prose is None and tier == "hard":  # only at the hard tier: a deterministic merge instead
-                prose, info["degraded"] = con.sink_prose(members), True
+                prose, info["degraded"] = terminal.sink_prose(members), True
         level = st.max_consolidations if sink else min(max(x.level for x in members) + 1, st.max_consolidations)
         row = {"merge": kind, "tier": tier, "segments": ids, "uid_from": members[0].uid_from,
                "uid_to": members[-1].uid_to, "llm_tokens": info.get("llm_tokens", 0), "level": level}
         if prose is None:
             s.store.append_compaction(s.name, seq, "aborted", {"reason": info.get("error", "no summary")})
-            s._log("consolidation", accepted=False, gate="", error=info.get("error", "no summary"), **row)
+            s.log("consolidation", accepted=False, gate="", error=info.get("error", "no summary"), **row)
             return None
         merged = seg.merged(seq, members, events, prose, level, effective)
         if sink:  # the chain's end stays bounded: the whole map within a third of the block
-            room = int(BLOCK_SHARE * effective / 3) - (merged.tokens - estimate_tokens(merged.prose))
-            merged = seg.merged(seq, members, events, con.bounded(prose, max(room, 60)), level, effective)
+            room = int(BLOCK_SHARE * effective * terminal.SINK_SHARE) - (merged.tokens - estimate_tokens(merged.prose))
+            merged = seg.merged(seq, members, events, terminal.bounded(prose, max(room, 60)), level, effective)
         s.store.append_compaction(s.name, seq, "summary_completed", {
             "content": merged.prose, "covered": [merged.uid_from, merged.uid_to], "tokens": merged.tokens,
             "segment_ids": ids, "envelope": info.get("envelope"), "error": info.get("error")})
-        view = s.send_view()
+        view = s.view()
         first = next((i for i, x in enumerate(view.layers) if x.kind == "segment" and x.uid_from == members[0].uid_from), 1)
         miss = sum(x.tokens for x in view.layers[first:])
         before = con.block_tokens(self.segments)
@@ -439,21 +442,21 @@ class Compactor:
         gates = con.gates(miss, before, after, hard=sink or tier == "hard")
         if not gates.passed:
             s.store.append_compaction(s.name, seq, "aborted", {"reason": f"gate: {gates.failed}", **gates.to_json()})
-            s._log("consolidation", **row, **gates.to_json())
+            s.log("consolidation", **row, **gates.to_json())
             return None
         rejected = self._check_members(ids, members)
         if rejected:
             s.store.append_compaction(s.name, seq, "aborted", {"reason": rejected})
-            s._log("consolidation", **row, **{**gates.to_json(), "accepted": False, "gate": "commit"}, reason=rejected)
+            s.log("consolidation", **row, **{**gates.to_json(), "accepted": False, "gate": "commit"}, reason=rejected)
             return None
         declaration = {"type": "consolidate", "segment_ids": ids, "segment": merged.to_json()}
         s.store.append_compaction(s.name, seq, "declared", declaration)
         self._honour(declaration, seq)
         s.store.append_compaction(s.name, seq, "finished", {})
-        s._log("consolidation", **row, **gates.to_json(), cache_miss_tokens=miss, degraded=bool(info.get("degraded")))
+        s.log("consolidation", **row, **gates.to_json(), cache_miss_tokens=miss, degraded=bool(info.get("degraded")))
         label = con.labels([x.level for x in self.segments])[self.segments.index(merged)]
         what = "sank" if sink else "consolidated"
-        return (f"{what} {len(ids)} segments (uids {merged.uid_from}–{merged.uid_to}) into {label} "
+        return (f"{what} segments #{ids[0]}–#{ids[-1]} (uids {merged.uid_from}–{merged.uid_to}) into {label} "
                 f"(−{human(gates.freed)} tokens"
                 + (", zero-LLM" if sink or info.get("degraded") else "") + ")")
 
@@ -475,10 +478,10 @@ class Compactor:
         allows); (None, info) on any failure or unusable output — the originals then stay."""
         target = min(con.merge_target(members), int(0.2 * effective))
         info: dict[str, Any] = {"target": target, "llm_tokens": 0}
-        messages = [{"role": "system", "content": self.s._system()}, *con.merge_messages(members, target)]
-        info["envelope"] = {"model": self.s.settings.model, "messages": len(messages), "tools": False}
+        messages = [{"role": "system", "content": self.s.system_prompt()}, *con.merge_messages(members, target)]
+        info["envelope"] = {"model": self.s.settings().model, "messages": len(messages), "tools": False}
         try:
-            completion = self.s.summarizer.complete(messages, tools=None, stream=False)
+            completion = self.s.summarizer().complete(messages, tools=None, stream=False)
         except Exception as exc:  # a failed consolidation keeps the originals; it never breaks the turn
             info["error"] = f"{type(exc).__name__}: {exc}"
             return None, info
@@ -509,7 +512,7 @@ class Compactor:
         s = self.s
         busy = self._acquire(LOCK_WAIT_S if manual or tier == "hard" else 0.0)
         if busy:
-            s._log("skip", tier=tier, reason="locked", trigger=reason, detail=busy)
+            s.log("skip", tier=tier, reason="locked", trigger=reason, detail=busy)
             return [f"{busy}; this compaction was skipped" + ("; try %compact again in a moment" if manual else "")]
         try:
             return self._compact_locked(tier, reason, focus, manual=manual, only_ready=only_ready)
@@ -534,13 +537,13 @@ class Compactor:
             made.append(ready[0])
             llm_tokens += ready[1].get("llm_tokens", 0)
             notices += self._notes(ready[0], ready[1], tier)
-        while not only_ready and s.usage().tokens >= TARGET_AFTER * effective or manual and not made:
+        while not only_ready and s.usage().tokens >= coldrange.TARGET_AFTER * effective or manual and not made:
             events, why = self.choose(effective, small_ok=manual)
             if not events and s.usage().tier == "hard":
                 events, why = self.choose(effective, emergency=True)
             if not events:
                 if not made:
-                    s._log("skip", tier=tier, reason=why, trigger=reason, tokens=before.tokens)
+                    s.log("skip", tier=tier, reason=why, trigger=reason, tokens=before.tokens)
                     if manual:
                         notices.append("nothing to compact" + (f" ({why.replace('_', ' ')})" if why else ""))
                 break
@@ -552,7 +555,7 @@ class Compactor:
             if then >= now:
                 # a segment that does not make the payload smaller is not committed (issue 17)
                 s.store.append_compaction(s.name, seq, "aborted", {"reason": "not_smaller", "tokens": [now, then]})
-                s._log("skip", tier=tier, reason="not_smaller", trigger=reason, tokens_before=now, tokens_after=then,
+                s.log("skip", tier=tier, reason="not_smaller", trigger=reason, tokens_before=now, tokens_after=then,
                        uid_from=segment.uid_from, uid_to=segment.uid_to)
                 if not made:
                     tokens = sum(seg.event_tokens(e) for e in events)
@@ -562,7 +565,7 @@ class Compactor:
             rejected = self.commit(segment)
             if rejected:
                 s.store.append_compaction(s.name, seq, "aborted", {"reason": rejected})
-                s._log("commit_rejected", tier=tier, reason=rejected, uid_from=segment.uid_from, uid_to=segment.uid_to)
+                s.log("commit_rejected", tier=tier, reason=rejected, uid_from=segment.uid_from, uid_to=segment.uid_to)
                 notices.append(f"compaction result dropped: {rejected}")
                 break
             s.store.append_compaction(s.name, seq, "finished", {})
@@ -575,7 +578,7 @@ class Compactor:
             self.last_compaction_call = self.calls
             uid_from, uid_to = made[0].uid_from, made[-1].uid_to
             ids = f"#{made[0].id}" if len(made) == 1 else f"#{made[0].id}–#{made[-1].id}"
-            s._log("compaction", tier=tier, trigger=reason, tokens_before=before.tokens, tokens_after=after.tokens,
+            s.log("compaction", tier=tier, trigger=reason, tokens_before=before.tokens, tokens_after=after.tokens,
                    llm_tokens=llm_tokens, uid_from=uid_from, uid_to=uid_to, segments=[x.id for x in made],
                    degraded=any(x.degraded for x in made), duration_s=round(time.monotonic() - started, 3),
                    evicted=[x.id for x in evicted])
@@ -591,7 +594,7 @@ class Compactor:
         """Ledger rows and notices for a degraded segment and for the breaker opening (once)."""
         if not segment.degraded:
             return []
-        self.s._log("degraded", tier=tier, seq=segment.id, error=info.get("error", ""), uid_from=segment.uid_from,
+        self.s.log("degraded", tier=tier, seq=segment.id, error=info.get("error", ""), uid_from=segment.uid_from,
                     uid_to=segment.uid_to)
         if info.get("breaker"):
             return ["automatic LLM compaction stopped after 3 failures in a row; history is kept with zero-LLM "
@@ -650,7 +653,7 @@ class Compactor:
         rejected = self.commit(pending.segment) if then < now else f"would not make the payload smaller ({now} → {then} tokens)"
         if rejected:
             self.s.store.append_compaction(self.s.name, pending.seq, "aborted", {"reason": rejected})
-            self.s._log("commit_rejected", tier="compress", reason=rejected, uid_from=pending.segment.uid_from,
+            self.s.log("commit_rejected", tier="compress", reason=rejected, uid_from=pending.segment.uid_from,
                         uid_to=pending.segment.uid_to)
             return None
         self.s.store.append_compaction(self.s.name, pending.seq, "finished", {})
@@ -670,7 +673,7 @@ class Compactor:
         if tier == "compress":
             if self.calls - self.last_compaction_call <= REFILL_CALLS and not self.refill_skipped:
                 self.refill_skipped = True
-                self.s._log("skip", tier=tier, reason="rapid_refill")
+                self.s.log("skip", tier=tier, reason="rapid_refill")
                 return ["context refilled right after a compaction; skipping one automatic compaction"]
             self.refill_skipped = False
             if self.pending is None:

@@ -1,4 +1,4 @@
-"""Consolidation and the terminal chain (DESIGN §6, seed 000 §4.1–4.3): pure policy, no storage.
+"""Consolidation (DESIGN §6, seed 000 §4.1–4.3): pure policy, no storage.
 
 When the segment block passes ≈ 80 % of its budget, the oldest run of segments is merged into one
 segment one level deeper that covers the union of their uid ranges; old history stays in the
@@ -20,9 +20,7 @@ payload as a few coarser layers instead of being evicted.
 - **Merge**: the fact list is the working set of the union range (every member's lines,
   collapsed, within the fact budget); the prose comes from the summarizer given the members'
   prose — the only summary of summaries the design allows, hence the depth cap.
-- **Terminal chain** once depth is exhausted: (a) `sink`, zero LLM — the union's fact lines and
-  each prose line of the members cut to 120 characters, absorbing the coldest L0; (b) only then
-  eviction of the oldest map (its uids stay recallable), exempt from the gates.
+- **Terminal chain** once depth is exhausted: `terminal.py`.
 """
 
 from __future__ import annotations
@@ -39,7 +37,6 @@ CONSOLIDATE_AT = 0.8  # share of the block budget at which the oldest run is con
 PAYBACK_MAX = 40.0  # calls a consolidation's cache miss may take to pay back
 SHRINK_MIN = 0.35  # share of the block a consolidation must free
 MERGE_INPUT_CHARS = 120_000
-SINK_LINE = 120  # characters each prose line keeps in the deterministic sink
 
 
 @dataclass(frozen=True)
@@ -90,15 +87,6 @@ def choose_run(segments: Sequence[Segment], max_depth: int, eager: bool = False)
     return run if len(run) >= 2 else []
 
 
-def sink_run(segments: Sequence[Segment]) -> list[int]:
-    """The terminal chain's run: from the oldest segment through the coldest L0 (level 0), or the
-    oldest two when no L0 but the newest is left; never the newest."""
-    coldest = next((i for i, x in enumerate(segments[:-1]) if x.level == 0), None)
-    if coldest is None:
-        coldest = 1 if len(segments) >= 3 else None
-    return list(range(coldest + 1)) if coldest is not None and coldest >= 1 else []
-
-
 def gates(miss: int, block_before: int, block_after: int, hard: bool) -> Gates:
     freed = block_before - block_after
     payback = miss / freed if freed > 0 else float("inf")
@@ -127,34 +115,6 @@ def merge_messages(members: Sequence[Segment], target: int) -> list[dict[str, An
     out.append({"role": "user", "content": text.format(uid_from=members[0].uid_from, uid_to=members[-1].uid_to,
                                                        target=target).strip()})
     return out
-
-
-def sink_prose(members: Sequence[Segment]) -> str:
-    """(a) of the terminal chain: every prose line of the members, cut to 120 characters."""
-    lines = []
-    for x in members:
-        for line in x.prose.splitlines():
-            line = " ".join(line.split())
-            if line:
-                lines.append(line if len(line) <= SINK_LINE else line[:SINK_LINE - 1] + "…")
-    return "\n".join(lines)
-
-
-def bounded(prose: str, max_tokens: int) -> str:
-    """The sink's prose within `max_tokens`: its newest lines, and one line saying that older ones
-    left (the map still covers their uids; recall_history returns the originals)."""
-    lines = prose.splitlines()
-    kept: list[str] = []
-    used = 0
-    for line in reversed(lines):
-        cost = estimate_tokens(line) + 1
-        if used + cost > max_tokens:
-            break
-        kept.append(line)
-        used += cost
-    if len(kept) == len(lines):
-        return prose
-    return "\n".join([f"- ({len(lines) - len(kept)} older lines of this guide left for the budget)", *reversed(kept)])
 
 
 def labels(levels: Sequence[int | None]) -> list[str]:

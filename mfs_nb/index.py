@@ -28,8 +28,8 @@ from .search import Hit, Results
 from .store import now_iso
 
 if TYPE_CHECKING:
+    from .host import Host
     from .segments import Segment
-    from .session import Session
 
 BATCH = 8  # texts per embedding call: small, so a turn that starts never waits behind a long batch
 OPTIMIZE_EVERY = 2_000  # text rows between index optimisations
@@ -85,8 +85,8 @@ def _row(session: str, kind: str, uid: int, uid_to: int, turn: int, role: str, c
 class Indexer:
     """The recall index of one session: background writer and hybrid search."""
 
-    def __init__(self, session: Session, enabled: bool = True):
-        self.s = session
+    def __init__(self, host: Host, enabled: bool = True):
+        self.s = host
         self.enabled = enabled
         self._wake = threading.Event()
         self._idle = threading.Event()
@@ -144,7 +144,7 @@ class Indexer:
         """The session's embedder (the verbatim track's, quality-gated), or None (full text only)."""
         if self.failed:
             return None
-        return self.s.verbatim.vector_layer()
+        return self.s.embedder(True)
 
     def catch_up(self, progress: Any = None, vectors: bool = True, batch: int = BATCH,
                  plain: bool = True) -> dict[str, int]:
@@ -155,8 +155,8 @@ class Indexer:
         skips the user messages' plain vectors (only the verbatim track reads them)."""
         with self._run_lock:
             store, name = self.s.store, self.s.name
-            events = list(self.s._events)
-            segments = list(self.s.compactor.segments)
+            events = list(self.s.events())
+            segments = list(self.s.segments())
             turns = {e.uid: e.turn for e in events}
             text_upto, text_seg = store.recall_state(name, "")
             new_events = [e for e in events if e.uid > text_upto]
@@ -178,7 +178,7 @@ class Indexer:
                 self._rows_since_optimize = 0
                 info = store.optimize_recall(embedder.model_id if embedder is not None else None)
                 if info.get("ann_built"):
-                    self.s._log("recall_index", ann_built=True, vector_rows=info.get("vector_rows"))
+                    self.s.log("recall_index", ann_built=True, vector_rows=info.get("vector_rows"))
             return done
 
     def _vectors(self, embedder: Any, events: Sequence[Event], segments: Sequence[Segment],
@@ -201,7 +201,7 @@ class Indexer:
                     raise ValueError("the embedder returned NaN or infinity")
             except Exception as exc:
                 self.failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-                self.s._log("recall_index_failure", model=model_id, error=self.failed)
+                self.s.log("recall_index_failure", model=model_id, error=self.failed)
                 self._note(f"the embedder failed ({self.failed}); search uses full text only until the session "
                            "is reopened; nothing is lost")
                 return written
@@ -230,10 +230,13 @@ class Indexer:
             return
         end = time.monotonic() + limit_s
         while time.monotonic() < end and not self._stop:
-            if self.s._lock.acquire(blocking=False):
-                self.s._lock.release()
+            if not self.s.busy():
                 return
             time.sleep(0.05)
+
+    def _last_uid(self) -> int:
+        events = self.s.events()
+        return events[-1].uid if events else 0
 
     def _note(self, text: str) -> None:
         if text not in self.notices:
@@ -243,12 +246,10 @@ class Indexer:
         """How much of the session is indexed: by full text, and by the current embedder (with
         `load` False, only if the embedder is already loaded: `%mfs status` must stay instant)."""
         store, name = self.s.store, self.s.name
-        v = self.s.verbatim
-        embedder = self.model() if load else (v._embedder if v._embedder_for == self.s.settings.embedding_model
-                                              and not self.failed else None)
+        embedder = self.model() if load else (self.s.embedder(False) if not self.failed else None)
         text_upto, _ = store.recall_state(name, "")
         vec_upto = store.recall_state(name, embedder.model_id)[0] if embedder is not None else 0
-        return {"last_uid": self.s.last_uid, "text_upto": text_upto, "vectors_upto": vec_upto if embedder else None,
+        return {"last_uid": self._last_uid(), "text_upto": text_upto, "vectors_upto": vec_upto if embedder else None,
                 "model": embedder.model_id if embedder is not None else None, "failed": self.failed}
 
     # -- reading -----------------------------------------------------------------------------
@@ -265,9 +266,9 @@ class Indexer:
         where = S.where(self.s.name, role, uid_from, uid_to)
         notices: list[str] = []
         progress = self.progress()
-        if progress["text_upto"] < self.s.last_uid:
+        if progress["text_upto"] < self._last_uid():
             self.kick(force=True)
-            notices.append(f"the index covers uids up to {progress['text_upto']} of {self.s.last_uid}; "
+            notices.append(f"the index covers uids up to {progress['text_upto']} of {self._last_uid()}; "
                            "indexing continues in the background")
         roles = [role] if isinstance(role, str) else list(role or [])
         info: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, uid) -> its best row
@@ -279,14 +280,14 @@ class Indexer:
         if "vector" in methods:
             embedder = self.model()
             if embedder is None:
-                why = self.failed or self.s.verbatim.off_reason or "no embedder"
+                why = self.failed or self.s.embedder_off() or "no embedder"
                 notices.append(f"full-text search only: vectors are unavailable ({why})")
             else:
                 found = self._vector(embedder, query, where)
                 if found is not None:
                     ranked["vector"] = self._ranking(found, info, roles, uid_from, uid_to)
-                    if progress["vectors_upto"] < self.s.last_uid:
-                        notices.append(f"vectors cover uids up to {progress['vectors_upto']} of {self.s.last_uid}; "
+                    if progress["vectors_upto"] < self._last_uid():
+                        notices.append(f"vectors cover uids up to {progress['vectors_upto']} of {self._last_uid()}; "
                                        "newer events are found by full text while vectors catch up")
         notices += self.notices
         names = list(ranked)
@@ -312,7 +313,7 @@ class Indexer:
 
     def _event(self, uid: int) -> Event | None:
         """The event with this uid, from the session's log in memory (uids are dense from 1)."""
-        events = self.s._events
+        events = self.s.events()
         if 0 < uid <= len(events) and events[uid - 1].uid == uid:
             return events[uid - 1]
         return next((e for e in events if e.uid == uid), None)
@@ -381,7 +382,7 @@ class Indexer:
     def _around(self, uid: int, n: int) -> tuple[dict[str, Any], ...]:
         if n <= 0:
             return ()
-        events = self.s._events
+        events = self.s.events()
         lo, hi = uid - n, uid + n
         return tuple({"uid": e.uid, "role": e.role, "turn": e.turn, "content": e.content}
                      for e in events if lo <= e.uid <= hi)

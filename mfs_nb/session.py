@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from . import clearing, snapshots
 from .clearing import Clearing
 from .compaction import Compactor
+from .host import Host
 from .errors import ConfigError, InputError, MfsError, PromptTooLong, StoreError
 from .events import Event, clean_text
 from .index import Indexer
@@ -167,10 +168,11 @@ class Session:
         # S2 boundaries are declared by clearing rows in the ledger; the newest one is in force.
         self._clear_before = int(last_clearing["clear_before"]) if last_clearing else 0
         self._prune_before = int(last_clearing["prune_before"]) if last_clearing else 0
-        self.verbatim = VerbatimTrack(self)
-        self.compactor = Compactor(self)
+        host = self._host()
+        self.verbatim = VerbatimTrack(host)
+        self.compactor = Compactor(host)
         self._check_log_intact()
-        self.indexer = Indexer(self, enabled=self.settings.recall_index)
+        self.indexer = Indexer(host, enabled=self.settings.recall_index)
         if self._events:
             self.indexer.kick()  # a restart resumes indexing where it stopped
         self._raw_cache = RawCache()
@@ -188,13 +190,41 @@ class Session:
         line instead of reusing those uids."""
         high = max([self.compactor.covered_to, self._saved_last_uid, *self.verbatim.verdicts], default=0)
         if high > self.last_uid:  # another kernel may have appended since we read the log
-            self._events += [e for e in self.store.load_events(self.name, uid_from=self.last_uid + 1)
-                             if e.uid > self.last_uid]
+            self._catch_up()
         if high > self.last_uid:
             raise StoreError(
                 f"table events of session {self.name!r} ends at uid {self.last_uid}, but the store refers to uids up to "
                 f"{high}: rows were lost or rolled back. Nothing was changed; run `mfs-nb doctor --store "
                 f"{self.store.uri}` (uids are never reused)")
+
+    def _host(self) -> Host:
+        """What the compactor, the verbatim track and the recall index may use of this session."""
+        return Host(
+            self.name, self.store, self._writer, lambda: self.settings, lambda: self._events, self._log,
+            catch_up=self._catch_up, usage=lambda: self.usage(), view=lambda: self.send_view(),
+            system_prompt=self._system, summarizer=lambda: self.summarizer,
+            before_cover=lambda upto: self.verbatim.classify_pending(upto),
+            load_breaker=lambda: self._breaker, save_breaker=self._save_breaker,
+            segments=lambda: self.compactor.segments,
+            embedder=lambda load: self.verbatim.vector_layer() if load else self.verbatim.loaded_layer(),
+            embedder_off=lambda: self.verbatim.off_reason, busy=self._busy)
+
+    def _catch_up(self) -> None:
+        """Take the events other kernels appended since this one last read the log."""
+        newer = self.store.load_events(self.name, uid_from=self.last_uid + 1)
+        if newer:
+            self._events = self._events + [e for e in newer if e.uid > self.last_uid]
+
+    def _busy(self) -> bool:
+        """Whether a turn (or another call holding the session's lock) is running now."""
+        if self._lock.acquire(blocking=False):
+            self._lock.release()
+            return False
+        return True
+
+    def _save_breaker(self, state: dict[str, Any]) -> None:
+        self._breaker = state
+        self._save_meta()
 
     # -- configuration ---------------------------------------------------------------------
     def configure(self, **values: Any) -> Settings:

@@ -29,7 +29,7 @@ from .tokens import estimate_tokens
 
 if TYPE_CHECKING:
     from .events import Event
-    from .session import Session
+    from .host import Host
 
 _GATES: dict[str, str | None] = {}  # gate key (model id, version, probe) -> reason the layer is off (None: on)
 _GATE_LOCK = threading.Lock()
@@ -195,11 +195,11 @@ def warm_gate(name: str = embed.DEFAULT_MODEL) -> str | None:
 class VerbatimTrack:
     """Verdicts of one session's user messages and the track built from them."""
 
-    def __init__(self, session: Session):
-        self.s = session
+    def __init__(self, host: Host):
+        self.s = host
         self._lock = threading.RLock()
         self.verdicts: dict[int, Verdict] = {
-            uid: Verdict.from_json(d) for uid, d in session.store.load_verdicts(session.name).items()}
+            uid: Verdict.from_json(d) for uid, d in host.store.load_verdicts(host.name).items()}
         self._embedder: CachedEmbedder | None = None
         self._embedder_for: str | None = None
         self.off_reason: str | None = None
@@ -209,7 +209,7 @@ class VerbatimTrack:
     # -- the vector layer ------------------------------------------------------------------
     def vector_layer(self) -> CachedEmbedder | None:
         """The embedder, loaded and gated once per setting; None when the layer is off."""
-        name = self.s.settings.embedding_model
+        name = self.s.settings().embedding_model
         if name == self._embedder_for:
             return self._embedder
         self._embedder_for, self._embedder, self.off_reason = name, None, None
@@ -223,12 +223,16 @@ class VerbatimTrack:
             problem = f"cannot load {name}: {type(exc).__name__}: {exc}"
         if problem:
             self.off_reason = problem
-            self.s._log("vector_layer_off", model=name, reason=problem)
+            self.s.log("vector_layer_off", model=name, reason=problem)
             self.notices.append(f"quote detection is off ({problem}); user messages are classified by explicit "
                                 "channels and length only")
             return None
         self._embedder = cached
         return cached
+
+    def loaded_layer(self) -> CachedEmbedder | None:
+        """The embedder if it is already loaded for the current setting (never loads it)."""
+        return self._embedder if self._embedder_for == self.s.settings().embedding_model else None
 
     # -- verdicts --------------------------------------------------------------------------
     def add(self, uid: int, verdict: Verdict, model: str = "") -> None:
@@ -239,7 +243,7 @@ class VerbatimTrack:
     def classify_pending(self, upto: int) -> int:
         """Give every user message up to `upto` its verdict (once). Returns how many were new."""
         with self._lock:
-            events = self.s._events
+            events = self.s.events()
             todo = [e for e in events if e.role == "user" and e.uid <= upto and e.uid not in self.verdicts]
             if not todo:
                 return 0
@@ -264,9 +268,9 @@ class VerbatimTrack:
                 try:
                     self.s.store.save_vectors(embedder.model_id, self.s.name, vectors)
                 except Exception as exc:  # vectors are a record, not needed to render the track; the ledger says so
-                    self.s._log("vector_write_failed", upto=upto, vectors=len(vectors),
+                    self.s.log("vector_write_failed", upto=upto, vectors=len(vectors),
                                 error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
-            self.s._log("origin", upto=upto, **{k.replace("+", "_"): v for k, v in counts.items() if v})
+            self.s.log("origin", upto=upto, **{k.replace("+", "_"): v for k, v in counts.items() if v})
             return len(todo)
 
     def _preload(self, embedder: CachedEmbedder, todo: Sequence[Event], events: Sequence[Event]) -> None:
@@ -311,7 +315,7 @@ class VerbatimTrack:
             track = None
         else:
             self.classify_pending(upto)
-            entries = [(e.uid, origin.render_entry(e.uid, self.verdicts[e.uid])) for e in self.s._events
+            entries = [(e.uid, origin.render_entry(e.uid, self.verdicts[e.uid])) for e in self.s.events()
                        if e.role == "user" and e.uid <= upto and e.uid in self.verdicts]
             track = origin.build_track(entries, upto, budget, estimate_tokens)
         self._built = (key, track)
