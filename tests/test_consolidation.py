@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import random
+import re
+import time
 from collections import Counter
 
+import pytest
 from conftest import FakeLLM
 
 from mfs_nb import Session
 from mfs_nb import consolidation as con
+from mfs_nb import terminal
 from mfs_nb.segments import Segment
 
 
@@ -21,9 +26,9 @@ def test_the_oldest_run_below_max_depth_never_the_newest():
     assert con.choose_run([segment(1, 3), segment(2, 3), segment(3)], max_depth=3) == []  # depth exhausted
     assert con.choose_run([segment(1), segment(2)], max_depth=3) == []  # one candidate is not a run
     assert con.choose_run(block, max_depth=3, eager=True) == [2, 3]  # tier ①: two adjacent of one level
-    assert con.sink_run([segment(1, 3), segment(2, 3), segment(3), segment(4)]) == [0, 1, 2]
-    assert con.sink_run([segment(1, 3), segment(2, 1), segment(3)]) == [0, 1]  # no L0 but the newest
-    assert con.sink_run([segment(1, 3), segment(2)]) == []
+    assert terminal.sink_run([segment(1, 3), segment(2, 3), segment(3), segment(4)]) == [0, 1, 2]
+    assert terminal.sink_run([segment(1, 3), segment(2, 1), segment(3)]) == [0, 1]  # no L0 but the newest
+    assert terminal.sink_run([segment(1, 3), segment(2)]) == []
 
 
 def test_gates():
@@ -72,6 +77,19 @@ def test_history_stays_as_coarser_layers_instead_of_being_evicted(store_dir):
     assert evicted_before > 0 and evicted < evicted_before  # fewer uids held by an evicted-range line only
 
 
+def test_notices_name_the_segments_and_evictions_check_the_window(store_dir):
+    s = Session("notes", store=store_dir, window_tokens=4096, llm=FakeLLM(default="Noted."),
+                background_compaction=False)
+    notices = [n for i in range(90) for n in s.chat(chatty(i)).notices]
+    merged = [n for n in notices if n.startswith(("consolidated segments #", "sank segments #"))]
+    assert merged and all(re.search(r"#\d+–#\d+ \(uids \d+–\d+\) into L\d \(−[\d.]+k? tokens", n) for n in merged)
+    evict = long_session(store_dir, "evict-only", 60, consolidation=False)
+    rows = [r for r in evict.ledger() if r["kind"] == "eviction"]
+    assert rows, "eviction only: the oldest maps left the payload"
+    for r in rows:  # (b) of the terminal chain: afterwards the payload is within 0.9 × the window
+        assert r["within"] and r["payload_after"] <= 0.9 * r["window"] and r["block_after"] < r["block_before"]
+
+
 def test_a_restart_sees_the_same_block(store_dir):
     s = long_session(store_dir, "again", 90)
     assert any(x.level for x in s.compactor.segments)
@@ -90,3 +108,63 @@ def test_a_failed_merge_keeps_the_originals(store_dir):
     assert [(x.id, x.level) for x in s.compactor.segments] == before
     aborted = [r for r in s.store.load_compactions("fail") if r["phase"] == "aborted"]
     assert aborted and "rejected" in aborted[-1]["reason"]
+
+
+class SlowFake(FakeLLM):
+    """A fake whose summaries and merges take a random few milliseconds, so a background
+    pre-compaction really runs beside the other kernel's turns and consolidations."""
+
+    def __init__(self, rng, **kw):
+        super().__init__(**kw)
+        self.rng = rng
+
+    def complete(self, messages, **kw):
+        last = (messages[-1].get("content") or "") if messages else ""
+        if last.startswith(("<<mfs:summarize>>", "<<mfs:consolidate>>")):
+            time.sleep(self.rng.random() * 0.08)
+        return super().complete(messages, **kw)
+
+
+def _spans_are_a_partition(c) -> str:
+    spans = sorted([(x.uid_from, x.uid_to) for x in c.segments] + list(c.evicted))
+    expect = 1
+    for a, b in spans:
+        if a != expect or b < a:
+            return f"spans {spans}: uid {expect} expected next"
+        expect = b + 1
+    return ""
+
+
+@pytest.mark.parametrize("seed", [1, 3])
+def test_consolidation_racing_background_compaction_covers_every_uid_once(store_dir, seed):
+    """Two kernels on one session, a random schedule of turns (each may start a background
+    pre-compaction in a thread), manual compactions and forced consolidations: after every step,
+    in both kernels, the segment maps and evicted ranges cover uids 1…covered_to exactly once, no
+    uid is lost, and once both are idle they agree on the block."""
+    rng = random.Random(seed)
+    kernels = [Session("race", store=store_dir, window_tokens=4096, llm=SlowFake(rng, default="Noted."),
+                       background_compaction=True) for _ in range(2)]
+    for step in range(50):
+        s = kernels[rng.randrange(2)]
+        action = rng.random()
+        if action < 0.75:
+            s.chat(chatty(step) * 2)
+        elif action < 0.85:
+            s.compact()
+        else:
+            s.compactor.compact(s.usage().tier if s.usage().tier != "ok" else "compress", "test-settle")
+            s.compactor.settle_block(s.usage().effective, rng.choice(["compress", "hard"]))
+        for k in kernels:
+            assert _spans_are_a_partition(k.compactor) == "", f"step {step}"
+            assert k.coverage()["lost"] == 0
+    for k in kernels:  # let background work finish and commit, then read what every kernel declared
+        if k.compactor.pending is not None:
+            k.compactor.pending.done.wait(30)
+            k.compact()
+    for k in kernels:
+        k.compactor._load()
+        assert _spans_are_a_partition(k.compactor) == ""
+    blocks = [[(x.id, x.level, x.uid_from, x.uid_to) for x in k.compactor.segments] for k in kernels]
+    assert blocks[0] == blocks[1] and blocks[0], "both kernels see the same, non-empty block"
+    assert [k.compactor.evicted for k in kernels][0] == kernels[1].compactor.evicted
+    assert any(x.level for x in kernels[0].compactor.segments) or kernels[0].compactor.evicted
