@@ -247,8 +247,9 @@ class Indexer:
         `load` False, only if the embedder is already loaded: `%mfs status` must stay instant)."""
         store, name = self.s.store, self.s.name
         embedder = self.model() if load else (self.s.embedder(False) if not self.failed else None)
-        text_upto, _ = store.recall_state(name, "")
-        vec_upto = store.recall_state(name, embedder.model_id)[0] if embedder is not None else 0
+        states = store.recall_states(name, ["", embedder.model_id] if embedder is not None else [""])
+        text_upto = states[""][0]
+        vec_upto = states[embedder.model_id][0] if embedder is not None else 0
         return {"last_uid": self._last_uid(), "text_upto": text_upto, "vectors_upto": vec_upto if embedder else None,
                 "model": embedder.model_id if embedder is not None else None, "failed": self.failed}
 

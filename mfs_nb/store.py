@@ -582,13 +582,24 @@ class Store:
     def recall_state(self, session: str, model_id: str) -> tuple[int, int]:
         """(events_upto, segments_upto) indexed for a session: model "" is the full-text side,
         a model id its vectors. A restart resumes after these."""
-        table = self._table(RECALL_STATE, RECALL_STATE_SCHEMA)
-        rows = table.search().where(f"key = {_quote(session + chr(31) + model_id)}").limit(1).to_list()
-        return (int(rows[0]["events_upto"]), int(rows[0]["segments_upto"])) if rows else (0, 0)
+        return self.recall_states(session, [model_id])[model_id]
+
+    def recall_states(self, session: str, model_ids: list[str]) -> dict[str, tuple[int, int]]:
+        """`recall_state` of several models in one read (a search asks for the text and vector sides)."""
+        keys = ", ".join(_quote(session + chr(31) + m) for m in model_ids)
+        rows = self._recall_state().search().where(f"key IN ({keys})").limit(len(model_ids)).to_list()
+        found = {r["model"]: (int(r["events_upto"]), int(r["segments_upto"])) for r in rows}
+        return {m: found.get(m, (0, 0)) for m in model_ids}
+
+    def _recall_state(self) -> Any:
+        if getattr(self, "_recall_state_table", None) is None:  # opened once: every search reads it
+            with self._lock:
+                self._recall_state_table = self._table(RECALL_STATE, RECALL_STATE_SCHEMA)
+        return self._recall_state_table
 
     def save_recall_state(self, session: str, model_id: str, events_upto: int, segments_upto: int) -> None:
         """One watermark per (session, model); model "" is the text (full-text) side."""
-        table = self._table(RECALL_STATE, RECALL_STATE_SCHEMA)
+        table = self._recall_state()
         row = {"key": session + "\x1f" + model_id, "session": session, "model": model_id,
                "events_upto": int(events_upto), "segments_upto": int(segments_upto), "updated_at": now_iso()}
         table.merge_insert("key").when_matched_update_all().when_not_matched_insert_all().execute(
