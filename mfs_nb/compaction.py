@@ -355,32 +355,40 @@ class Compactor:
 
     def evict_if_needed(self, effective: int) -> list[Segment]:
         """(b) of the terminal chain (`terminal.py`): the oldest maps leave the payload while the
-        block is over its share, then while the payload is over 0.9 × the window. Declared like a
-        segment (its own protocol entry), so a restart agrees; the ledger row has the check."""
+        block is over its share, then while the payload is over 0.9 × the window — but only when
+        leaving can get it there (a payload that is mostly raw is the hard tier's work, not a reason
+        to drop every map). Declared like a segment (its own protocol entry), under the lease, so a
+        restart agrees; the ledger row says whether the check held. Nothing changes on failure."""
         n = terminal.evictions(self.segments, BLOCK_SHARE * effective)
-        if not n:
+        if not n or not self.lease.valid():
             return []
-        block_before = con.block_tokens(self.segments)
-        gone = list(self.segments[:n])
-        for x in gone:
-            self._honour({"type": "evict", "segment_ids": [x.id]})
-        usage = self.s.usage()
-        limit = terminal.EVICT_CHECK * usage.window
-        while usage.tokens > limit and len(self.segments) > 1:
-            gone.append(self.segments[0])
-            self._honour({"type": "evict", "segment_ids": [self.segments[0].id]})
+        saved = (list(self.segments), list(self.evicted))
+        try:
+            block_before = con.block_tokens(self.segments)
+            gone = list(self.segments[:n])
+            for x in gone:
+                self._honour({"type": "evict", "segment_ids": [x.id]})
             usage = self.s.usage()
-        seq = self.next_seq()
-        ids = [x.id for x in gone]
-        self._start(seq, {"trigger": "evict", "segment_ids": ids})
-        self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "evict", "segment_ids": ids})
+            limit = terminal.EVICT_CHECK * usage.window
+            if usage.tokens - con.block_tokens(self.segments[:-1]) <= limit:
+                while usage.tokens > limit and len(self.segments) > 1:
+                    gone.append(self.segments[0])
+                    self._honour({"type": "evict", "segment_ids": [self.segments[0].id]})
+                    usage = self.s.usage()
+            seq = self.next_seq()
+            ids = [x.id for x in gone]
+            self._start(seq, {"trigger": "evict", "segment_ids": ids})
+            self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "evict", "segment_ids": ids})
+        except Exception:
+            self.segments, self.evicted = saved  # this kernel's view stays what the store declares
+            raise
         self.s.store.append_compaction(self.s.name, seq, "finished", {})
         self.s.log("eviction", segments=ids, uid_from=gone[0].uid_from, uid_to=gone[-1].uid_to,
                    block_before=block_before, block_after=con.block_tokens(self.segments),
                    payload_after=usage.tokens, window=usage.window, within=usage.tokens <= limit)
         return gone
 
-    # -- consolidation and the terminal chain (consolidation.py has the policy) -----------------
+    # -- consolidation and the terminal chain (policies: consolidation.py, terminal.py) -------
     def settle_block(self, effective: int, tier: str) -> tuple[list[str], list[Segment]]:
         """After a compaction: past ≈ 80 % of its budget, the block's oldest run is consolidated
         (gates permitting); once depth is exhausted the deterministic sink absorbs the coldest L0;

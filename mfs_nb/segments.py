@@ -142,7 +142,7 @@ def compressor_messages(events: Sequence[Event]) -> list[dict[str, Any]]:
     for line in taken:
         if line.group == "errors":
             for uid in line.uids:
-                by_uid.setdefault(uid, []).append(line.text.rsplit(" — ", 1)[-1])
+                by_uid.setdefault(uid, []).append(line.key.rsplit(" — ", 1)[-1])  # the key: no speaker, not cut twice
     out = []
     for message, at in pair_tool_messages(events):
         if message.get("role") == "tool":

@@ -399,8 +399,10 @@ def budget(lines: Sequence[Line], max_tokens: int, max_lines: int | None = None)
 
 
 def without_shown(lines: Iterable[Line], shown_text: str) -> list[Line]:
-    """Lines whose text is not already shown word for word (in a segment's fact list or prose)."""
-    return [x for x in lines if x.text not in shown_text]
+    """Lines whose text is not already shown word for word (in a segment's fact list or prose; a
+    segment stored before tool lines said `tool:` shows them without it)."""
+    return [x for x in lines if x.text not in shown_text
+            and not (x.text.startswith(TOOL) and x.text[len(TOOL):] in shown_text)]
 
 
 

@@ -90,6 +90,44 @@ def test_notices_name_the_segments_and_evictions_check_the_window(store_dir):
         assert r["within"] and r["payload_after"] <= 0.9 * r["window"] and r["block_after"] < r["block_before"]
 
 
+def _evicting(store_dir, raw_tokens: int):
+    """A compactor on a fake host: six maps of 300 tokens (block budget at this window: about
+    1,150), a window of 4,096 and `raw_tokens` of raw history after the block."""
+    from mfs_nb.compaction import Compactor
+    from mfs_nb.host import Host
+    from mfs_nb.settings import Settings
+    from mfs_nb.store import Store
+    from mfs_nb.usage import Usage
+
+    rows: list[dict] = []
+    box: dict = {}
+
+    def usage():
+        c = box["c"]
+        tokens = raw_tokens + con.block_tokens(c.segments) + (25 if c.evicted else 0)
+        return Usage(tokens, 4096, 3300, "hard", "estimate", "fake")
+
+    host = Host("fake", Store(store_dir), "w", lambda: Settings(), lambda: [],
+                lambda kind, **f: rows.append({"kind": kind, **f}), usage=usage)
+    c = box["c"] = Compactor(host)
+    c.segments = [segment(i, 3, 300) for i in range(1, 7)]
+    assert c.lease.acquire(1.0)
+    return c, rows
+
+
+def test_eviction_goes_on_to_0_9_of_the_window_only_where_it_can_get_there(store_dir):
+    c, rows = _evicting(store_dir + "/a", raw_tokens=2900)  # 3,825 after the block budget: over 0.9 × 4,096
+    gone = c.evict_if_needed(3300)
+    assert [x.id for x in gone] == [1, 2, 3, 4]  # 3 for the block budget, 1 more for the window check
+    assert rows[-1]["kind"] == "eviction" and rows[-1]["within"] and rows[-1]["payload_after"] <= 0.9 * 4096
+    c, rows = _evicting(store_dir + "/b", raw_tokens=3900)  # mostly raw: no map can bring it under
+    gone = c.evict_if_needed(3300)
+    assert [x.id for x in gone] == [1, 2, 3]  # only what the block budget needs; the check is logged as failed
+    assert not rows[-1]["within"] and [x.id for x in c.segments] == [4, 5, 6]
+    declared = [r for r in c.s.store.load_compactions("fake") if r["phase"] == "declared"]
+    assert declared[-1]["segment_ids"] == [1, 2, 3]
+
+
 def test_a_restart_sees_the_same_block(store_dir):
     s = long_session(store_dir, "again", 90)
     assert any(x.level for x in s.compactor.segments)
@@ -141,9 +179,10 @@ def test_consolidation_racing_background_compaction_covers_every_uid_once(store_
     pre-compaction in a thread), manual compactions and forced consolidations: after every step,
     in both kernels, the segment maps and evicted ranges cover uids 1…covered_to exactly once, no
     uid is lost, and once both are idle they agree on the block."""
-    rng = random.Random(seed)
-    kernels = [Session("race", store=store_dir, window_tokens=4096, llm=SlowFake(rng, default="Noted."),
-                       background_compaction=True) for _ in range(2)]
+    rng = random.Random(seed)  # the schedule; the fakes' sleeps have their own (threads draw from them)
+    kernels = [Session("race", store=store_dir, window_tokens=4096, llm=SlowFake(random.Random(seed * 10 + k),
+                                                                                default="Noted."),
+                       background_compaction=True) for k in range(2)]
     for step in range(50):
         s = kernels[rng.randrange(2)]
         action = rng.random()
@@ -152,8 +191,13 @@ def test_consolidation_racing_background_compaction_covers_every_uid_once(store_
         elif action < 0.85:
             s.compact()
         else:
-            s.compactor.compact(s.usage().tier if s.usage().tier != "ok" else "compress", "test-settle")
-            s.compactor.settle_block(s.usage().effective, rng.choice(["compress", "hard"]))
+            c = s.compactor
+            c.compact(s.usage().tier if s.usage().tier != "ok" else "compress", "test-settle")
+            if c._acquire(0.0) is None:  # a forced settle, under the lock as in production
+                try:
+                    c.settle_block(s.usage().effective, rng.choice(["compress", "hard"]))
+                finally:
+                    c._release()
         for k in kernels:
             assert _spans_are_a_partition(k.compactor) == "", f"step {step}"
             assert k.coverage()["lost"] == 0

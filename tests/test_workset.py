@@ -104,6 +104,12 @@ def test_a_segments_fact_list_and_the_digest_complement_each_other():
     assert "** (RuntimeError) pool exhausted" not in digest.split("[fact lines]")[-1]  # the fact list has it
     assert "[fact lines]" in digest
     assert "[fact lines]" in tool_digest(long) and "RuntimeError" in tool_digest(long).split("[fact lines]")[-1]
+    error = ("ValueError: column customer_identifier missing in /app/data/orders_2024.csv at row 123456 "
+             + "(while loading batch 77 of the nightly import) " * 3)  # over 200 characters: the fact list cuts it
+    events = [call(1, "Bash", {"command": "python load.py"}, "c1"), result(2, "c1", "x" * 900 + "\n" + error + "\n" + "y" * 900)]
+    digest = next(m["content"] for m in compressor_messages(events) if m.get("tool_call_id") == "c1")
+    assert "customer_identifier" not in digest  # a long error line is in the fact list once, not again in the digest
+    assert "customer_identifier" in fact_list(events).render()
 
 
 def test_tool_lines_of_cleared_history_reach_the_payload_before_any_compaction(store_dir):
