@@ -436,7 +436,7 @@ class Compactor:
             s.log("consolidation", accepted=False, gate="", error=info.get("error", "no summary"), **row)
             return None
         merged = seg.merged(seq, members, events, prose, level, effective)
-        if sink:  # the chain's end stays bounded: the whole map within a third of the block
+        if sink:  # the chain's end stays bounded: the whole map within SINK_SHARE of the block budget
             room = int(BLOCK_SHARE * effective * terminal.SINK_SHARE) - (merged.tokens - estimate_tokens(merged.prose))
             merged = seg.merged(seq, members, events, terminal.bounded(prose, max(room, 60)), level, effective)
         s.store.append_compaction(s.name, seq, "summary_completed", {
@@ -461,7 +461,7 @@ class Compactor:
         s.store.append_compaction(s.name, seq, "declared", declaration)
         self._honour(declaration, seq)
         s.store.append_compaction(s.name, seq, "finished", {})
-        s.log("consolidation", **row, **gates.to_json(), cache_miss_tokens=miss, degraded=bool(info.get("degraded")))
+        s.log("consolidation", **row, **gates.to_json(), degraded=bool(info.get("degraded")))  # `miss`: the cache miss it caused
         label = con.labels([x.level for x in self.segments])[self.segments.index(merged)]
         what = "sank" if sink else "consolidated"
         return (f"{what} segments #{ids[0]}–#{ids[-1]} (uids {merged.uid_from}–{merged.uid_to}) into {label} "

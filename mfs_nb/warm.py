@@ -55,10 +55,9 @@ class Warmup:
 
 def _store(_: Warmup) -> None:
     from . import session, store  # noqa: F401
-
-    store.lancedb_module()  # the import is what takes the time
     from .tokens import exact_counter
 
+    store.lancedb_module()  # the import is what takes the time
     exact_counter("o200k_base")  # the offline default counts usage with it: load its table now
 
 
