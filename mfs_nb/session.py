@@ -496,7 +496,7 @@ class Session:
         current = self.clearing_state()
         keep = [starts[-n] for n in (clearing.KEEP_ROUNDS, 1) if len(starts) >= n]
         options = [(keep[0], current.prune_before), (keep[0], keep[0])] + ([(keep[1], keep[1])] if len(keep) > 1 else [])
-        warn_line = self.profile().warn * usage.effective
+        target = (self.profile().warn - clearing.HEADROOM) * usage.effective
         best: tuple[Clearing, SendView, Usage] | None = None
         for clear_before, prune_before in options:
             option = replace(current, clear_before=max(current.clear_before, clear_before),
@@ -505,7 +505,7 @@ class Session:
                 continue
             new_view = self.send_view(option)
             best = (option, new_view, self.usage(new_view))
-            if best[2].tokens < warn_line:
+            if best[2].tokens < target:
                 break
         if best is None or usage.tokens - best[2].tokens < clearing.MIN_GAIN * usage.effective:
             return view, usage, []
