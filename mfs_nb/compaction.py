@@ -28,9 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import coldrange
+from . import coldrange, terminal
 from . import consolidation as con
-from . import terminal
 from . import segments as seg
 from .errors import MfsError
 from .events import Event

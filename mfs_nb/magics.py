@@ -314,14 +314,14 @@ class MfsMagics(Magics, Configurable):
     # -- %mfs ----------------------------------------------------------------------------
     @line_magic
     def mfs(self, line: str) -> None:
-        """Session management: %mfs status | sessions | new NAME | use NAME | config [key=value …] | ledger | gc [--dry-run] | doctor [--repair] | help"""
+        """Session management: %mfs status | sessions | new NAME | use NAME | config [key=value …] | ledger | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
         try:
             words = _split(line)
             command, rest = (words[0], words[1:]) if words else ("status", [])
             handler: Callable[[list[str]], None] | None = getattr(self, f"_mfs_{command}", None)
             if handler is None:
                 raise InputError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, config, "
-                                 "ledger, gc, doctor, help")
+                                 "ledger, export, gc, doctor, help")
             handler(rest)
         except MfsError as exc:
             _error(exc)
@@ -414,6 +414,16 @@ class MfsMagics(Magics, Configurable):
             print("no unreferenced snapshots older than 48 h")
         for path, size in gone:
             print(f"{verb} {path} ({size:,} bytes)")
+
+    def _mfs_export(self, rest: list[str]) -> None:
+        """%mfs export FILE.md|FILE.ipynb [--force]: the whole session, readable without mfs_nb."""
+        force = "--force" in rest
+        names = [w for w in rest if w != "--force"]
+        if len(names) != 1:
+            raise InputError("%mfs export FILE.md|FILE.ipynb [--force]")
+        session = self.get_session()
+        path = session.export(names[0], overwrite=force)
+        print(f"exported session {session.name!r} ({session.last_uid} events) to {path}")
 
     def _mfs_ledger(self, rest: list[str]) -> None:
         from .ui.data import ledger_data

@@ -17,14 +17,15 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
+from pathlib import Path
 from typing import Any, Protocol
 
 from . import clearing, snapshots
 from .clearing import Clearing
 from .compaction import Compactor
-from .host import Host
 from .errors import ConfigError, InputError, MfsError, PromptTooLong, StoreError
 from .events import Event, clean_text
+from .host import Host
 from .index import Indexer
 from .llm import LLM, Completion, default_endpoints, is_offline, missing_key, model_window, redact
 from .meter import Meter
@@ -353,6 +354,31 @@ class Session:
                 f"ask for a smaller range (e.g. {a}-{a + self.settings.recall_max_events - 1})"
             )
         return [e for e in self._events if a <= e.uid <= b]
+
+    def export(self, path: str | os.PathLike[str], overwrite: bool = False) -> Path:
+        """Write the whole session to a .md or .ipynb file readable without mfs_nb: every message
+        with its uid, each segment where it was declared, the ledger. Refuses to overwrite unless
+        asked; a bad path raises InputError with one line and writes nothing."""
+        from . import export
+
+        target = export.check_path(path, overwrite)
+        with self._lock:
+            self._catch_up()
+            events = list(self._events)
+            declared = [r for r in self.store.load_compactions(self.name) if r["phase"] == "declared"]
+            ledger = self.ledger()
+        first = events[0].created_at if events else ""
+        header = (f"# mfs_nb session `{self.name}`\n\n"
+                  f"Exported {now_iso()} from the store at `{self.store.root}` · model `{self.settings.model}` · "
+                  f"window {self.window:,} tokens · {len(events)} events"
+                  + (f" (uids 1–{events[-1].uid}, from {first})" if events else "")
+                  + f" · {len(declared)} declarations · {len(ledger)} ledger rows.\n\n"
+                  "Every message is here word for word under its uid (what `recall_history` returns); each "
+                  "segment appears where it was declared, with the text the model saw instead of the "
+                  "messages it covers; the ledger of every memory-layer action is at the end.")
+        parts = export.blocks(self.name, events, declared, ledger, header)
+        text = export.notebook(parts) if target.suffix.lower() == ".ipynb" else export.markdown(parts)
+        return export.write(target, text)
 
     def _recall_tool(self, uid_from: Any, uid_to: Any = None) -> str:
         events = self.recall(uid_from, uid_to)
