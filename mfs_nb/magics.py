@@ -234,9 +234,20 @@ class MfsMagics(Magics, Configurable):
     # -- %compact ------------------------------------------------------------------------
     @line_magic
     def compact(self, line: str) -> None:
-        """Compact the conversation now: %compact [focus instructions for the summary]."""
+        """Compact the conversation now: %compact [focus instructions for the summary].
+        %compact --preview [focus] shows what it would do (range, segment text, tokens, prefix-cache
+        miss) and commits nothing."""
         try:
             session = self.get_session()
+            words = line.strip().split(None, 1)
+            if words and words[0] == "--preview":
+                with _Progress(self.shell, "preparing a preview…"):
+                    preview = session.compact_preview(words[1] if len(words) > 1 else "")
+                _print_preview(preview)
+                return
+            if words and words[0].startswith("--"):
+                raise InputError(f"%compact: unknown option {words[0]}; use %compact [focus] or "
+                                 "%compact --preview [focus]")
             with _Progress(self.shell, "organizing context…"):
                 notices = session.compact(line.strip())
         except MfsError as exc:
@@ -438,6 +449,17 @@ class MfsMagics(Magics, Configurable):
 
             print(ledger_summary(view.data))
             print(view.text())
+
+
+def _print_preview(p: dict[str, Any]) -> None:
+    if "nothing" in p:
+        print(f"preview: nothing to compact ({p['nothing']}); nothing committed")
+        return
+    print(f"preview, nothing committed: uids {p['uid_from']}–{p['uid_to']} ({p['messages']} messages) would become "
+          f"one segment of {p['segment_tokens']:,} tokens{' (degraded: ' + str(p['error']) + ')' if p['degraded'] else ''}")
+    print(f"payload {p['tokens_before']:,} → {p['tokens_after']:,} tokens; the next call would read "
+          f"{p['cache_miss_tokens']:,} tokens again (prefix-cache miss); the summary cost {p['llm_tokens']:,} LLM tokens")
+    print(p["segment_text"])
 
 
 class _Progress:

@@ -555,6 +555,36 @@ class Session:
         with self._lock:
             return self.compactor.compact(self.usage().tier, "manual", focus, manual=True)
 
+    def compact_preview(self, focus: str = "") -> dict[str, Any]:
+        """What `compact(focus)` would do now, committing nothing (`%compact --preview`): the range,
+        the segment text, payload tokens before and after, and the tokens the next call would read
+        again because the cached prefix ends where the segment goes. The summary is really made
+        (one LLM call, in the ledger as a `preview` row); nothing is declared."""
+        from .segments import build
+
+        with self._lock:
+            before = self.usage()
+            effective = before.effective
+            events, why = self.compactor.choose(effective, small_ok=True)
+            if not events:
+                return {"nothing": (why or "nothing raw").replace("_", " ")}
+            prose, info = self.compactor.summarize(events, effective, focus)
+            segment = build(self.compactor.seq + 1, events, prose, effective)
+            now = self.send_view()
+            self.compactor.segments.append(segment)
+            try:
+                then = self.send_view()
+            finally:
+                self.compactor.segments.remove(segment)
+            shared = shared_prefix_tokens(now.messages, then.messages, self.token_counts(now).__getitem__)
+            out = {"uid_from": segment.uid_from, "uid_to": segment.uid_to, "messages": len(events),
+                   "tokens_before": self.usage(now).tokens, "tokens_after": self.usage(then).tokens,
+                   "cache_miss_tokens": max(self.usage(now).tokens - shared, 0), "segment_tokens": segment.tokens,
+                   "degraded": segment.degraded, "llm_tokens": info.get("llm_tokens", 0),
+                   "error": info.get("error"), "focus": focus}
+            self._log("preview", **out)
+            return out | {"segment_text": segment.render()}
+
     @property
     def segments(self) -> list[Segment]:
         """Committed segments still in the payload, oldest first."""
