@@ -137,6 +137,14 @@ class Compactor:
             self.lease.release()
 
     def _honour(self, row: dict[str, Any], number: int = 0) -> None:
+        if row.get("type") == "retract":
+            # undo: only the newest segment, while it is still an L0 in force (checked when declared)
+            if self.segments and self.segments[-1].id == row["segment_id"] and self.segments[-1].level == 0:
+                self.segments.pop()
+            else:
+                self.ignored.append(f"retraction #{number} names segment #{row['segment_id']}, which is not the "
+                                    "newest segment in force; not honoured")
+            return
         if row.get("type") == "consolidate":
             named = list(row["segment_ids"])
             at = [i for i, x in enumerate(self.segments) if x.id in named]
@@ -523,6 +531,48 @@ class Compactor:
             return [f"{busy}; this compaction was skipped" + ("; try %compact again in a moment" if manual else "")]
         try:
             return self._compact_locked(tier, reason, focus, manual=manual, only_ready=only_ready)
+        finally:
+            self._release()
+
+    def undo(self) -> list[str]:
+        """Retract the newest segment (`%compact --undo`): an append-only declaration that the
+        projection honours, so its uids are raw again. Only when they fit below the warn line (else
+        the next call would compact them again) and the segment is still an L0 in force."""
+        s = self.s
+        busy = self._acquire(LOCK_WAIT_S)
+        if busy:
+            return [f"{busy}; nothing was undone; try again in a moment"]
+        try:
+            self.refresh()
+            if not self.segments:
+                return ["nothing to undo: no segment is in the payload"
+                        + (" (older maps were evicted; their uids are recallable)" if self.evicted else "")]
+            last = self.segments[-1]
+            where = f"segment #{last.id} (uids {last.uid_from}–{last.uid_to})"
+            if last.level > 0:
+                return [f"nothing undone: {where} consolidates earlier segments; only the newest compaction "
+                        f"can be undone, before it is consolidated (recall_history({last.uid_from}, {last.uid_to}) "
+                        "shows the originals)"]
+            before = s.usage()
+            self.segments.pop()
+            try:
+                after = s.usage()
+            finally:
+                self.segments.append(last)
+            if after.tier != "ok":
+                return [f"nothing undone: with uids {last.uid_from}–{last.uid_to} raw again the payload would be "
+                        f"{human(after.tokens)} tokens, past the warn line ({after.tier}), and the next call would "
+                        f"compact them again; recall_history({last.uid_from}, {last.uid_to}) shows them"]
+            seq = self.next_seq()
+            self._start(seq, {"trigger": "undo", "segment": last.id})
+            declaration = {"type": "retract", "segment_id": last.id, "uid_from": last.uid_from, "uid_to": last.uid_to}
+            s.store.append_compaction(s.name, seq, "declared", declaration)
+            self._honour(declaration, seq)
+            s.store.append_compaction(s.name, seq, "finished", {})
+            s.log("undo", segment=last.id, uid_from=last.uid_from, uid_to=last.uid_to, tokens_before=before.tokens,
+                  tokens_after=after.tokens)
+            return [f"undid {where}: those messages are raw again ({human(before.tokens)} → "
+                    f"{human(after.tokens)} tokens)"]
         finally:
             self._release()
 

@@ -104,6 +104,9 @@ def _event(e: Event, calls: dict[str, str]) -> str:
 def _declaration(d: dict[str, Any]) -> str:
     kind = d.get("type") or "compaction"
     when = d.get("time", "")
+    if kind == "retract":
+        return (f"> **Undo** ({when}): segment #{d.get('segment_id', '?')} was retracted (`%compact --undo`); "
+                f"uids {d.get('uid_from', '?')}–{d.get('uid_to', '?')} went back into the payload word for word.")
     if kind == "evict":
         ids = ", ".join(f"#{i}" for i in d.get("segment_ids", []))
         return (f"> **Eviction** ({when}): segments {ids} left the payload; their uids stay recallable "

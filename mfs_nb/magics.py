@@ -236,7 +236,7 @@ class MfsMagics(Magics, Configurable):
     def compact(self, line: str) -> None:
         """Compact the conversation now: %compact [focus instructions for the summary].
         %compact --preview [focus] shows what it would do (range, segment text, tokens, prefix-cache
-        miss) and commits nothing."""
+        miss) and commits nothing; %compact --undo retracts the newest segment."""
         try:
             session = self.get_session()
             words = line.strip().split(None, 1)
@@ -245,9 +245,14 @@ class MfsMagics(Magics, Configurable):
                     preview = session.compact_preview(words[1] if len(words) > 1 else "")
                 _print_preview(preview)
                 return
+            if words == ["--undo"]:
+                for notice in session.undo_compaction():
+                    print(notice)
+                print(session.usage().status_line())
+                return
             if words and words[0].startswith("--"):
-                raise InputError(f"%compact: unknown option {words[0]}; use %compact [focus] or "
-                                 "%compact --preview [focus]")
+                raise InputError(f"%compact: unknown option {words[0]}; use %compact [focus], "
+                                 "%compact --preview [focus] or %compact --undo")
             with _Progress(self.shell, "organizing context…"):
                 notices = session.compact(line.strip())
         except MfsError as exc:
@@ -457,6 +462,9 @@ def _print_preview(p: dict[str, Any]) -> None:
         return
     print(f"preview, nothing committed: uids {p['uid_from']}–{p['uid_to']} ({p['messages']} messages) would become "
           f"one segment of {p['segment_tokens']:,} tokens{' (degraded: ' + str(p['error']) + ')' if p['degraded'] else ''}")
+    if not p["would_commit"]:
+        print(f"%compact would not commit it: the payload would go from {p['tokens_before']:,} to "
+              f"{p['tokens_after']:,} tokens (nothing worth compacting yet)")
     print(f"payload {p['tokens_before']:,} → {p['tokens_after']:,} tokens; the next call would read "
           f"{p['cache_miss_tokens']:,} tokens again (prefix-cache miss); the summary cost {p['llm_tokens']:,} LLM tokens")
     print(p["segment_text"])

@@ -555,6 +555,11 @@ class Session:
         with self._lock:
             return self.compactor.compact(self.usage().tier, "manual", focus, manual=True)
 
+    def undo_compaction(self) -> list[str]:
+        """Retract the newest segment (`%compact --undo`), append-only; notices say what happened."""
+        with self._lock:
+            return self.compactor.undo()
+
     def compact_preview(self, focus: str = "") -> dict[str, Any]:
         """What `compact(focus)` would do now, committing nothing (`%compact --preview`): the range,
         the segment text, payload tokens before and after, and the tokens the next call would read
@@ -582,6 +587,7 @@ class Session:
                    "cache_miss_tokens": max(self.usage(now).tokens - shared, 0), "segment_tokens": segment.tokens,
                    "degraded": segment.degraded, "llm_tokens": info.get("llm_tokens", 0),
                    "error": info.get("error"), "focus": focus}
+            out["would_commit"] = out["tokens_after"] < out["tokens_before"]  # as compact() decides
             self._log("preview", **out)
             return out | {"segment_text": segment.render()}
 

@@ -25,7 +25,7 @@ def test_preview_commits_nothing_and_matches_the_compaction_that_follows(store_d
     assert [r for r in s.store.load_compactions("pv") if r["phase"] == "declared"] == declared
     assert s.send_view().messages == payload and not s.segments  # nothing committed
     assert p["uid_from"] == 1 and p["uid_to"] > 1 and p["tokens_after"] < p["tokens_before"]
-    assert 0 < p["cache_miss_tokens"] <= p["tokens_before"]
+    assert 0 < p["cache_miss_tokens"] <= p["tokens_before"] and p["would_commit"]
     assert "Pay particular attention to: the pool limits" in s.llm.summaries[-1][-1]["content"]
     assert f"uids {p['uid_from']}–{p['uid_to']}" in p["segment_text"]
     assert any(r["kind"] == "preview" and r["uid_to"] == p["uid_to"] for r in s.ledger())
@@ -46,8 +46,10 @@ def test_preview_of_an_empty_session_and_through_the_magic(store_dir, tmp_path, 
     ip = InteractiveShell(config=cfg)
     try:
         ip.run_line_magic("load_ext", "mfs_nb")
+        session = ip.magics_manager.registry["MfsMagics"].get_session()
+        session._injected_llm = session._llm = FakeLLM(default=REPLY)  # replies long enough to be worth compacting
         for i in range(6):
-            ip.run_cell_magic("chat", "", f"note {i}: the cache at node-{i} holds {100 + i} MB; see conf/cache_{i}.toml. " * 4)
+            ip.run_cell_magic("chat", "", f"note {i}: the cache at node-{i} holds {100 + i} MB; see conf/cache_{i}.toml. " * 3)
         capsys.readouterr()
         ip.run_line_magic("compact", "--preview")
         out = capsys.readouterr().out
@@ -55,8 +57,51 @@ def test_preview_of_an_empty_session_and_through_the_magic(store_dir, tmp_path, 
         from mfs_nb.store import Store
 
         assert not [r for r in Store(tmp_path / "nbstore").load_compactions("default") if r["phase"] == "declared"]
+        ip.run_line_magic("compact", "--undo")
+        assert "nothing to undo" in capsys.readouterr().out
+        ip.run_line_magic("compact", "")
+        ip.run_line_magic("compact", "--undo")
+        assert "undid segment #1 (uids 1–" in capsys.readouterr().out
         ip.run_line_magic("compact", "--undo-everything")
         out = capsys.readouterr()
         assert "unknown option --undo-everything" in out.out + out.err
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_undo_retracts_the_newest_segment_append_only(store_dir):
+    s = _session(store_dir, "undo")
+    raw_before = s.send_view().raw_uids()
+    s.compact()
+    seg = s.segments[0]
+    assert s.send_view().raw_uids() != raw_before
+    notices = s.undo_compaction()
+    assert notices[0].startswith(f"undid segment #{seg.id} (uids {seg.uid_from}–{seg.uid_to})")
+    assert not s.segments and s.send_view().raw_uids() == raw_before  # the originals are raw again
+    assert s.coverage()["lost"] == 0
+    phases = [(r["phase"], r.get("type")) for r in s.store.load_compactions("undo")]
+    assert ("declared", None) in phases and ("declared", "retract") in phases  # nothing deleted, one more row
+    assert s.undo_compaction() == ["nothing to undo: no segment is in the payload"]  # twice
+    again = Session("undo", store=store_dir, window_tokens=32000, llm=FakeLLM(default=REPLY))
+    assert not again.segments and again.send_view().raw_uids() == raw_before  # a restart projects the same
+    assert any(r["kind"] == "undo" and r["segment"] == seg.id for r in s.ledger())
+    s.chat("and after the undo, one more turn")
+    s.compact()
+    assert s.segments and s.segments[0].uid_from == 1  # the range can be compacted again
+
+
+def test_undo_refuses_a_consolidated_segment_and_one_that_would_not_fit(store_dir):
+    s = _session(store_dir, "undo2")
+    s.compact()
+    seg = s.segments[-1]
+    s.configure(window_tokens=4096, warn_at=0.3)  # the raw originals would now be past the warn line
+    out = s.undo_compaction()
+    assert out[0].startswith("nothing undone: with uids") and "would compact them again" in out[0]
+    assert s.segments == [seg]
+    s.configure(window_tokens=32000, warn_at=0.85)
+    merged = {**seg.to_json(), "id": 99, "level": 1}
+    s.store.append_compaction("undo2", 99, "declared", {"type": "consolidate", "segment_ids": [seg.id],
+                                                        "segment": merged})
+    out = s.undo_compaction()
+    assert out[0].startswith("nothing undone: segment #99") and "consolidates earlier segments" in out[0]
+    assert [x.id for x in s.segments] == [99]
