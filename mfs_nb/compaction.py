@@ -202,7 +202,8 @@ class Compactor:
             return None, info
         messages = [{"role": "system", "content": self.s.system_prompt()}, *seg.compressor_messages(events),
                     {"role": "user", "content": seg.instruction(self.s.settings().summary_style, events[0].uid,
-                                                                events[-1].uid, target, focus)}]
+                                                                events[-1].uid, target, focus,
+                                                                self.language(events[-1].uid))}]
         info["envelope"] = {"model": self.s.settings().model, "messages": len(messages), "tools": False}
         started = time.monotonic()
         try:
@@ -224,6 +225,10 @@ class Compactor:
         elif why:
             info["note"] = why
         return prose, info
+
+    def language(self, upto: int) -> str | None:
+        """The conversation's language as the user writes it, from the user's messages up to `upto`."""
+        return seg.conversation_language([e for e in self.s.events() if e.uid <= upto])
 
     def make(self, seq: int, events: list[Event], effective: int, focus: str = "") -> tuple[Segment, dict[str, Any]]:
         # the user messages of this range join the verbatim track when it commits: classify them
@@ -493,7 +498,8 @@ class Compactor:
         allows); (None, info) on any failure or unusable output — the originals then stay."""
         target = min(con.merge_target(members), int(0.2 * effective))
         info: dict[str, Any] = {"target": target, "llm_tokens": 0}
-        messages = [{"role": "system", "content": self.s.system_prompt()}, *con.merge_messages(members, target)]
+        messages = [{"role": "system", "content": self.s.system_prompt()},
+                    *con.merge_messages(members, target, self.language(members[-1].uid_to))]
         info["envelope"] = {"model": self.s.settings().model, "messages": len(messages), "tools": False}
         try:
             completion = self.s.summarizer().complete(messages, tools=None, stream=False)

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from .segments import Segment
+from .segments import Segment, language_line
 from .tokens import estimate_tokens
 
 CONSOLIDATE_AT = 0.8  # share of the block budget at which the oldest run is consolidated (seed tier ②)
@@ -107,13 +107,14 @@ def merge_target(members: Sequence[Segment]) -> int:
     return max(200, sum(estimate_tokens(x.prose) for x in members) // 3)
 
 
-def merge_messages(members: Sequence[Segment], target: int) -> list[dict[str, Any]]:
-    """What the summarizer reads: each member's guide as a message, then the instruction."""
+def merge_messages(members: Sequence[Segment], target: int, language: str | None = None) -> list[dict[str, Any]]:
+    """What the summarizer reads: each member's guide as a message, then the instruction (which
+    keeps the conversation's language, `segments.language_line`)."""
     out: list[dict[str, Any]] = [
         {"role": "user", "content": f"[guide to uids {x.uid_from}–{x.uid_to}]\n{x.prose.strip()}"} for x in members]
     text = resources.files("mfs_nb").joinpath("prompts/consolidate.md").read_text(encoding="utf-8")
     out.append({"role": "user", "content": text.format(uid_from=members[0].uid_from, uid_to=members[-1].uid_to,
-                                                       target=target).strip()})
+                                                       target=target).strip() + "\n" + language_line(language)})
     return out
 
 

@@ -5,7 +5,8 @@ with its uid, role and turn; each segment (compaction, consolidation) placed whe
 with the uids it covers; evictions where they happened; the ledger at the end. A chat then
 survives a lost kernel, a deleted store, or a colleague without mfs_nb.
 
-Known keys are removed (`llm.redact`) from everything written, as from every other output.
+Known keys are removed (`llm.redact`) from every block before it is written (before JSON escaping,
+which would hide a key from the match), as from every other output.
 The file is written next to its final name and renamed into place: never half a file.
 """
 
@@ -31,7 +32,16 @@ def check_path(path: str | os.PathLike[str], overwrite: bool = False) -> Path:
     """The target of an export, or InputError with one line saying what is wrong with it."""
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
         raise InputError("export needs a file name ending in .md or .ipynb, e.g. %mfs export chat.md")
-    p = Path(path).expanduser()
+    try:
+        return _check(Path(path).expanduser(), overwrite)
+    except (OSError, ValueError, RuntimeError) as exc:  # ~nobody, a NUL byte, a folder we may not read
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())
+        raise InputError(f"cannot export to {str(path)[:200]!r}: {why}") from None
+
+
+def _check(p: Path, overwrite: bool) -> Path:
+    if "\x00" in str(p):
+        raise ValueError("the name contains a NUL byte")
     if p.is_dir():
         raise InputError(f"{p} is a directory; give a file name inside it, e.g. {p / 'chat.md'}")
     if p.suffix.lower() not in FORMATS:
@@ -84,6 +94,21 @@ def _fence(text: str) -> str:
     return f"{ticks}text\n{text}\n{ticks}"
 
 
+_FENCE_LINE = re.compile(r"^\s{0,3}(```|~~~)", re.M)
+_HEADER_LIKE = re.compile(r"^#{1,6} #\d+ · ", re.M)
+
+
+def _unsafe(text: str) -> bool:
+    """Markdown that would swallow what follows (an unclosed fence) or pass for a message header."""
+    return len(_FENCE_LINE.findall(text)) % 2 == 1 or bool(_HEADER_LIKE.search(text))
+
+
+def _indented(text: str) -> str:
+    """An indented code block: word for word after the four spaces, and no line of it starts like
+    a header or a fence, for a renderer or for someone reading the file line by line."""
+    return "\n".join("    " + line for line in text.split("\n"))
+
+
 def _event(e: Event, calls: dict[str, str]) -> str:
     when = f" · {e.created_at}" if e.created_at else ""
     if e.role == "tool":
@@ -93,7 +118,7 @@ def _event(e: Event, calls: dict[str, str]) -> str:
     head = f"### #{e.uid} · {e.role} · turn {e.turn}{when}"
     parts = [head]
     if e.content:
-        parts.append(e.content)
+        parts.append(_indented(e.content) if _unsafe(e.content) else e.content)
     for c in e.tool_calls:
         fn = c.get("function") or {}
         calls[str(c.get("id", ""))] = fn.get("name", "")
@@ -106,7 +131,7 @@ def _declaration(d: dict[str, Any]) -> str:
     when = d.get("time", "")
     if kind == "retract":
         return (f"> **Undo** ({when}): segment #{d.get('segment_id', '?')} was retracted (`%compact --undo`); "
-                f"uids {d.get('uid_from', '?')}–{d.get('uid_to', '?')} went back into the payload word for word.")
+                f"uids {d.get('uid_from', '?')}–{d.get('uid_to', '?')} went back into the payload as raw messages.")
     if kind == "evict":
         ids = ", ".join(f"#{i}" for i in d.get("segment_ids", []))
         return (f"> **Eviction** ({when}): segments {ids} left the payload; their uids stay recallable "
@@ -135,13 +160,13 @@ def _ledger(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def markdown(parts: Sequence[tuple[str, dict[str, Any]]]) -> str:
-    return "\n\n".join(text for text, _ in parts) + "\n"
+    return "\n\n".join(redact(text) for text, _ in parts) + "\n"
 
 
 def notebook(parts: Sequence[tuple[str, dict[str, Any]]]) -> str:
     """nbformat 4.5: one markdown cell per block, its place in the session in the cell's metadata."""
     cells = [{"cell_type": "markdown", "id": uuid.uuid5(uuid.NAMESPACE_OID, f"{i}:{meta}").hex[:12],
-              "metadata": {"mfs_nb": meta}, "source": text} for i, (text, meta) in enumerate(parts)]
+              "metadata": {"mfs_nb": meta}, "source": redact(text)} for i, (text, meta) in enumerate(parts)]
     nb = {"cells": cells, "metadata": {"mfs_nb": {"export": 1}}, "nbformat": 4, "nbformat_minor": 5}
     return json.dumps(nb, ensure_ascii=False, indent=1) + "\n"
 
@@ -154,7 +179,7 @@ def write(path: Path, text: str) -> Path:
         raise InputError(f"cannot write in {path.parent}: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(redact(text))
+            f.write(text)  # already redacted block by block (after JSON escaping a key would not match)
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)

@@ -76,8 +76,20 @@ def plain_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def rows_for_segment(session: str, seg: Segment, turn: int) -> list[dict[str, Any]]:
-    return [_row(session, "segment", seg.uid_from, seg.uid_to, turn, "segment", i, c)
-            for i, c in enumerate(S.chunks(seg.prose))]
+    """A segment's rows; the key ends with the segment's id, so a later segment over the same uids
+    (a consolidation, or a compaction again after an undo) gets rows of its own."""
+    return [{**r, "key": f"{r['key']}\x1f{seg.id}"} for r in
+            (_row(session, "segment", seg.uid_from, seg.uid_to, turn, "segment", i, c)
+             for i, c in enumerate(S.chunks(seg.prose)))]
+
+
+def segment_in_force(row: dict[str, Any], ids: set[int], ranges: set[tuple[int, int]]) -> bool:
+    """Whether a segment row belongs to a segment now in the payload: by the id in its key, or (rows
+    written before keys carried it) by its uid range. Retracted and merged segments are not found."""
+    parts = str(row["key"]).split("\x1f")
+    if len(parts) >= 5 and parts[4].isdigit():
+        return int(parts[4]) in ids
+    return (int(row["uid"]), int(row["uid_to"])) in ranges
 
 
 def _row(session: str, kind: str, uid: int, uid_to: int, turn: int, role: str, chunk: int, text: str,
@@ -137,6 +149,10 @@ class Indexer:
             finally:
                 if not self._wake.is_set():
                     self._idle.set()
+
+    def paused(self) -> threading.Lock:
+        """Held, no indexing runs (a caller about to show a trial state of the session uses it)."""
+        return self._run_lock
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the background indexer has nothing left (tests, CLI, benchmarks)."""
@@ -375,7 +391,11 @@ class Indexer:
         """One method's rows (row, score; higher is better) as a ranking of (kind, uid): the best chunk
         per item, events smoothed with their neighbours (search.smooth), segments as they scored."""
         best: dict[tuple[str, int], float] = {}
+        force = self.s.segments()
+        ids, ranges = {x.id for x in force}, {(x.uid_from, x.uid_to) for x in force}
         for r, score in rows:
+            if r["kind"] == "segment" and not segment_in_force(r, ids, ranges):
+                continue
             item = (r["kind"], int(r["uid"]))
             if score > best.get(item, float("-inf")):
                 best[item] = score

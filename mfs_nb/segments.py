@@ -154,12 +154,41 @@ def compressor_messages(events: Sequence[Event]) -> list[dict[str, Any]]:
     return out
 
 
-def instruction(style: str, uid_from: int, uid_to: int, target: int, focus: str = "") -> str:
+_KANA = re.compile(r"[\u3040-\u30ff]")
+_HANGUL = re.compile(r"[\uac00-\ud7af]")
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_LATIN = re.compile(r"[A-Za-z]")
+CJK_SHARE = 0.3  # of the letters in the user's messages: above it, the conversation is Chinese/Japanese/Korean
+
+
+def conversation_language(events: Sequence[Event]) -> str | None:
+    """The language the user writes in, when the script says so with no model: Chinese, Japanese
+    or Korean (each CJK character counts for a word's worth of Latin letters); None otherwise
+    (the instruction then asks for the user's language in general)."""
+    text = " ".join(e.content for e in events if e.role == "user")
+    han, kana, hangul = len(_HAN.findall(text)), len(_KANA.findall(text)), len(_HANGUL.findall(text))
+    cjk = han + kana + hangul
+    if not cjk or 4 * cjk < CJK_SHARE * (4 * cjk + len(_LATIN.findall(text))):
+        return None
+    return "Korean" if hangul > han + kana else "Japanese" if kana > 0.1 * cjk else "Chinese"
+
+
+def language_line(language: str | None) -> str:
+    """Keeps the guide in the conversation's language: a summary must not switch a Chinese chat to English."""
+    if language:
+        return (f"Write the guide in {language}, the language of this conversation, headings included; "
+                "copy quotes, names, numbers and code exactly as they were written.")
+    return "Write the guide in the language the user writes in."
+
+
+def instruction(style: str, uid_from: int, uid_to: int, target: int, focus: str = "",
+                language: str | None = None) -> str:
     if style not in STYLES:
         raise ValueError(f"unknown summary style {style!r}; use one of {', '.join(STYLES)}")
     text = resources.files("mfs_nb").joinpath(f"prompts/summary_{style}.md").read_text(encoding="utf-8")
     focus_line = f"Pay particular attention to: {focus.strip()}" if focus.strip() else ""
-    return text.format(uid_from=uid_from, uid_to=uid_to, target=target, focus=focus_line).strip()
+    text = text.format(uid_from=uid_from, uid_to=uid_to, target=target, focus=focus_line).strip()
+    return text + "\n" + language_line(language)
 
 
 _ERRORISH = re.compile(r"^\s*(?:error|exception|traceback|i(?:'m| am) sorry|i cannot|i can't|as an ai)\b", re.I)

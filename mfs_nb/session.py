@@ -576,11 +576,14 @@ class Session:
             prose, info = self.compactor.summarize(events, effective, focus)
             segment = build(self.compactor.seq + 1, events, prose, effective)
             now = self.send_view()
-            self.compactor.segments.append(segment)
-            try:
-                then = self.send_view()
-            finally:
-                self.compactor.segments.remove(segment)
+            # the trial segment is in the shared list for one projection: the indexer (which reads
+            # that list from its own thread) waits, so it never indexes a segment nobody declared
+            with self.indexer.paused():
+                self.compactor.segments.append(segment)
+                try:
+                    then = self.send_view()
+                finally:
+                    self.compactor.segments.remove(segment)
             shared = shared_prefix_tokens(now.messages, then.messages, self.token_counts(now).__getitem__)
             out = {"uid_from": segment.uid_from, "uid_to": segment.uid_to, "messages": len(events),
                    "tokens_before": self.usage(now).tokens, "tokens_after": self.usage(then).tokens,

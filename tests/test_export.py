@@ -120,3 +120,19 @@ def test_mfs_export_magic(tmp_path, monkeypatch, capsys):
         assert json.loads((tmp_path / "notes.ipynb").read_text(encoding="utf-8"))["nbformat"] == 4
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_export_keys_never_leak_through_json_escaping_and_odd_paths_get_one_line(store_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("MY_API_KEY", 'abc"def\\ghi123')
+    s = Session("keys", store=store_dir, window_tokens=32000, llm=FakeLLM(default="Open fence:\n```python\nx = 1"))
+    s.chat("here is my key:\nsk-proj-ABCDEFGHIJKLMNOPQRSTUVWX and my password abc\"def\\ghi123")
+    s.chat("### #99 · user · turn 7 looks like a header")
+    for name in ("k.ipynb", "k.md"):
+        text = s.export(tmp_path / name).read_text(encoding="utf-8")
+        assert "ABCDEFGHIJKLMNOP" not in text and "ghi123" not in text and "ghi123" not in json.dumps(text)
+    md = (tmp_path / "k.md").read_text(encoding="utf-8")
+    assert sorted(_messages(md)) == [1, 2, 3, 4]  # an unclosed fence or a header look-alike is fenced, not obeyed
+    for bad in ("~no-such-user-here/a.md", "a\x00b.md"):
+        with pytest.raises(InputError) as err:
+            s.export(bad)
+        assert "\n" not in str(err.value)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from conftest import FakeLLM
 
 from mfs_nb import Session
@@ -105,3 +107,54 @@ def test_undo_refuses_a_consolidated_segment_and_one_that_would_not_fit(store_di
     out = s.undo_compaction()
     assert out[0].startswith("nothing undone: segment #99") and "consolidates earlier segments" in out[0]
     assert [x.id for x in s.segments] == [99]
+
+
+def test_summaries_are_asked_for_in_the_conversations_language(store_dir):
+    from mfs_nb.segments import conversation_language
+
+    zh = Session("zh", store=store_dir, window_tokens=32000, llm=FakeLLM(default=REPLY))
+    for i in range(6):
+        zh.chat(f"第{i}步：连接池的上限是{20 + i}，配置文件在 deploy/pool_{i}.yaml，请不要超过这个数字。" * 3)
+    zh.compact()
+    assert "Write the guide in Chinese, the language of this conversation" in zh.llm.summaries[-1][-1]["content"]
+    en = _session(store_dir, "en")
+    en.compact()
+    assert en.llm.summaries[-1][-1]["content"].endswith("Write the guide in the language the user writes in.")
+    assert conversation_language([]) is None
+    from mfs_nb.events import Event
+
+    def says(text: str) -> str | None:
+        return conversation_language([Event(1, "s", 1, "user", text)])
+
+    assert says("これは日本語のテストです。設定を確認してください") == "Japanese"
+    assert says("연결 풀의 상한은 스무 개입니다") == "Korean"
+    assert says("please check src/app.py line 12 and the 连接 pool") is None  # one CJK word in English
+
+
+def test_offline_summary_of_a_chinese_conversation_stays_chinese():
+    from mfs_nb.offline import offline_reply
+    from mfs_nb.segments import instruction
+
+    messages = [{"role": "user" if i % 2 == 0 else "assistant",
+                 "content": f"第{i}步：连接池的上限是{20 + i}，配置文件在 deploy/pool_{i}.yaml，请不要超过这个数字。"}
+                for i in range(6)]
+    prose = offline_reply(messages + [{"role": "user", "content": instruction("bullets", 1, 6, 300, "", "Chinese")}])
+    assert "连接池的上限是20" in prose and "连接池的上限是25" in prose
+    assert not re.search(r"\b(the|and|of|is)\b", prose)  # no English beyond the role labels
+
+
+def test_search_finds_the_segment_in_force_after_an_undo(store_dir):
+    fake = FakeLLM(default=REPLY, summary_text="- zanzibarword: the pool for service-0 stays under 20 connections (deploy/pool_0.yaml)")
+    s = Session("us", store=store_dir, window_tokens=32000, llm=fake)
+    for i in range(6):
+        s.chat(f"step {i}: the pool for service-{i} stays under {20 + i} connections; see deploy/pool_{i}.yaml. " * 3)
+    s.compact()
+    s.indexer.catch_up(vectors=False)
+    assert [h.kind for h in s.search("zanzibarword", 3, methods=("fts",))][:1] == ["segment"]
+    s.undo_compaction()
+    fake.summary_text = "- quokkaword: the pool for service-0 stays under 20 connections (deploy/pool_0.yaml)"
+    s.compact()
+    s.indexer.catch_up(vectors=False)
+    assert not [h for h in s.search("zanzibarword", 3, methods=("fts",)) if h.kind == "segment"]  # retracted
+    found = [h for h in s.search("quokkaword", 3, methods=("fts",)) if h.kind == "segment"]
+    assert found and found[0].uid == s.segments[0].uid_from
