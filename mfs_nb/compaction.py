@@ -168,7 +168,9 @@ class Compactor:
                     self.evicted.append((x.uid_from, x.uid_to))
         else:
             new = Segment.from_json(row["segment"])
-            if self.covered_to and new.uid_from != self.covered_to + 1:
+            events = self.s.events()
+            start = self.covered_to + 1 if self.covered_to else (events[0].uid if events else new.uid_from)
+            if new.uid_from != start:
                 # a stale writer's declaration: every reader skips it alike, so projections agree
                 self.ignored.append(f"declaration #{number} (uids {new.uid_from}–{new.uid_to}) does not follow "
                                     f"the covered prefix (…{self.covered_to}); not honoured")

@@ -158,3 +158,15 @@ def test_search_finds_the_segment_in_force_after_an_undo(store_dir):
     assert not [h for h in s.search("zanzibarword", 3, methods=("fts",)) if h.kind == "segment"]  # retracted
     found = [h for h in s.search("quokkaword", 3, methods=("fts",)) if h.kind == "segment"]
     assert found and found[0].uid == s.segments[0].uid_from
+
+
+def test_after_undoing_the_only_segment_a_stale_declaration_is_not_honoured(store_dir):
+    s = _session(store_dir, "stale")
+    s.compact()
+    seg = s.segments[0]
+    s.undo_compaction()
+    stale = {**seg.to_json(), "id": 50, "uid_from": seg.uid_from + 2}  # a writer that saw another prefix
+    s.store.append_compaction("stale", 50, "declared", {"segment": stale})
+    again = Session("stale", store=store_dir, window_tokens=32000, llm=FakeLLM(default=REPLY))
+    assert not again.segments and again.coverage()["lost"] == 0
+    assert any("does not follow the covered prefix" in n for n in again.compactor.recovered)
