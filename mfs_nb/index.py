@@ -158,9 +158,14 @@ class Indexer:
         """Block until the background indexer has nothing left (tests, CLI, benchmarks)."""
         return self._idle.wait(timeout)
 
-    def close(self) -> None:
+    def close(self, wait_s: float = 0.0) -> None:
+        """Stop the background thread (the watermarks say where to resume); with `wait_s`, wait for
+        it to end (before its store is deleted)."""
         self._stop = True
         self._wake.set()
+        thread = self._thread
+        if wait_s and thread is not None and thread is not threading.current_thread():
+            thread.join(wait_s)
 
     def model(self) -> Any:
         """The session's embedder (the verbatim track's, quality-gated), or None (full text only)."""

@@ -119,6 +119,7 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
     from .session import Session, shared_prefix_tokens
 
     tmp = None if store else tempfile.mkdtemp(prefix="mfs-replay-")
+    s = None
     try:
         settings.setdefault("background_compaction", False)  # in line, so a replay is deterministic
         s = Session(session, store=store or tmp, model=model, window_tokens=window, **settings)
@@ -167,6 +168,8 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
             "ledger": s.ledger(),
         }
     finally:
+        if s is not None and tmp:
+            s.indexer.close(wait_s=60)  # its store is about to be removed
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
 
