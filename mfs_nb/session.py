@@ -679,7 +679,31 @@ class Session:
                     uids.append(event.uid)
             assert completion is not None
             self._save_meta()  # once per turn: the anchor and the uid high-water mark
-            return Reply(completion.text, self.usage(), completion.usage, notices, uids, completion.endpoint)
+            after = self.usage()
+            ahead = self.compaction_ahead(after)
+            if ahead:
+                notices.append(ahead)
+            return Reply(completion.text, after, completion.usage, notices, uids, completion.endpoint)
+
+    def compaction_ahead(self, usage: Usage) -> str | None:
+        """A warning ahead of an automatic compaction: when the next call would pass the compaction line
+        if the context grew as much as in this call, the uids it would compact (the background
+        result's, when one is ready or under way, else the range the compactor would choose now).
+        The commit waits for the background summary, so it may come a few replies later."""
+        if not self.settings.auto_compaction or usage.tier in ("compress", "hard") or len(self.history) < 1:
+            return None
+        growth = max(usage.tokens - int(self.history[-1]["tokens"]), 0)
+        line = self.profile().compress * usage.effective
+        if usage.tokens + growth < line:
+            return None
+        pending = self.compactor.pending
+        events = pending.events if pending is not None else self.compactor.choose(usage.effective)[0]
+        if not events:
+            return None
+        return (f"compaction ahead: the context is at {usage.tokens / usage.effective:.0%} of the usable window "
+                f"and compacts from {self.profile().compress:.0%} on, once the background summary is ready; "
+                f"it will cover uids {events[0].uid}–{events[-1].uid} (%compact --preview shows it, "
+                "%compact does it now)")
 
     def _call_with_ptl_retry(self, plan: CallPlan, tools: list[dict[str, Any]] | None, stream: bool,
                              on_delta: Callable[[str], None] | None, on_reset: Callable[[], None] | None,

@@ -170,3 +170,18 @@ def test_after_undoing_the_only_segment_a_stale_declaration_is_not_honoured(stor
     again = Session("stale", store=store_dir, window_tokens=32000, llm=FakeLLM(default=REPLY))
     assert not again.segments and again.coverage()["lost"] == 0
     assert any("does not follow the covered prefix" in n for n in again.compactor.recovered)
+
+
+def test_an_automatic_compaction_is_announced_ahead_with_its_uids(store_dir):
+    s = Session("ahead", store=store_dir, window_tokens=8000, llm=FakeLLM(default=REPLY))
+    ahead, compacted = None, None
+    for i in range(60):
+        notices = s.chat(f"step {i}: the pool for service-{i} stays under {20 + i} connections; "
+                         f"see deploy/pool_{i}.yaml. " * 2).notices
+        done = next((n for n in notices if n.startswith("context compacted")), None)
+        if done:
+            compacted = re.search(r"uids (\d+)–(\d+)", done).groups()
+            break
+        ahead = next((n for n in notices if n.startswith("compaction ahead")), ahead)
+    assert compacted and ahead, "the automatic compaction came unannounced"
+    assert f"cover uids {compacted[0]}–{compacted[1]}" in ahead
