@@ -74,6 +74,7 @@ class Compactor:
         self.last_compaction_call = -10**9
         self.refill_skipped = False
         self.pending: Pending | None = None
+        self.trial: Segment | None = None  # a preview's segment, in `segments` for one projection only
         self._lock = threading.Lock()
         self.recovered: list[str] = []
         self.ignored: list[str] = []

@@ -150,10 +150,6 @@ class Indexer:
                 if not self._wake.is_set():
                     self._idle.set()
 
-    def paused(self) -> threading.Lock:
-        """Held, no indexing runs (a caller about to show a trial state of the session uses it)."""
-        return self._run_lock
-
     def wait(self, timeout: float | None = None) -> bool:
         """Block until the background indexer has nothing left (tests, CLI, benchmarks)."""
         return self._idle.wait(timeout)

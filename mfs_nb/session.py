@@ -206,7 +206,7 @@ class Session:
             system_prompt=self._system, summarizer=lambda: self.summarizer,
             before_cover=lambda upto: self.verbatim.classify_pending(upto),
             load_breaker=lambda: self._breaker, save_breaker=self._save_breaker,
-            segments=lambda: self.compactor.segments,
+            segments=lambda: [x for x in self.compactor.segments if x is not self.compactor.trial],
             embedder=lambda load: self.verbatim.vector_layer() if load else self.verbatim.loaded_layer(),
             embedder_off=lambda: self.verbatim.off_reason, busy=self._busy)
 
@@ -568,26 +568,26 @@ class Session:
         from .segments import build
 
         with self._lock:
-            before = self.usage()
-            effective = before.effective
-            events, why = self.compactor.choose(effective, small_ok=True)
+            now = self.send_view()
+            before = self.usage(now)
+            events, why = self.compactor.choose(before.effective, small_ok=True)
             if not events:
                 return {"nothing": (why or "nothing raw").replace("_", " ")}
-            prose, info = self.compactor.summarize(events, effective, focus)
-            segment = build(self.compactor.seq + 1, events, prose, effective)
-            now = self.send_view()
-            # the trial segment is in the shared list for one projection: the indexer (which reads
-            # that list from its own thread) waits, so it never indexes a segment nobody declared
-            with self.indexer.paused():
-                self.compactor.segments.append(segment)
-                try:
-                    then = self.send_view()
-                finally:
-                    self.compactor.segments.remove(segment)
+            prose, info = self.compactor.summarize(events, before.effective, focus)
+            segment = build(self.compactor.seq + 1, events, prose, before.effective)
+            # the trial segment is in the list for one projection; what other threads read of the
+            # session (Host.segments: the indexer, search) leaves it out
+            self.compactor.trial = segment
+            self.compactor.segments.append(segment)
+            try:
+                then = self.send_view()
+            finally:
+                self.compactor.segments.remove(segment)
+                self.compactor.trial = None
             shared = shared_prefix_tokens(now.messages, then.messages, self.token_counts(now).__getitem__)
             out = {"uid_from": segment.uid_from, "uid_to": segment.uid_to, "messages": len(events),
-                   "tokens_before": self.usage(now).tokens, "tokens_after": self.usage(then).tokens,
-                   "cache_miss_tokens": max(self.usage(now).tokens - shared, 0), "segment_tokens": segment.tokens,
+                   "tokens_before": before.tokens, "tokens_after": self.usage(then).tokens,
+                   "cache_miss_tokens": max(before.tokens - shared, 0), "segment_tokens": segment.tokens,
                    "degraded": segment.degraded, "llm_tokens": info.get("llm_tokens", 0),
                    "error": info.get("error"), "focus": focus}
             out["would_commit"] = out["tokens_after"] < out["tokens_before"]  # as compact() decides

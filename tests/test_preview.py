@@ -185,3 +185,18 @@ def test_an_automatic_compaction_is_announced_ahead_with_its_uids(store_dir):
         ahead = next((n for n in notices if n.startswith("compaction ahead")), ahead)
     assert compacted and ahead, "the automatic compaction came unannounced"
     assert f"cover uids {compacted[0]}–{compacted[1]}" in ahead
+
+
+def test_the_previews_trial_segment_is_never_seen_by_other_threads(store_dir, monkeypatch):
+    s = _session(store_dir, "trial")
+    seen: list[list[int]] = []
+    real = s.send_view
+
+    def watching(*args, **kwargs):
+        seen.append([x.id for x in s.indexer.s.segments()])  # what the indexer and search read
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(s, "send_view", watching)
+    p = s.compact_preview()
+    assert p["tokens_after"] < p["tokens_before"] and len(seen) >= 2  # the trial projection ran
+    assert seen == [[]] * len(seen) and s.compactor.trial is None

@@ -233,8 +233,8 @@ def turn_time(root: Path, n: int, turns: int, pause: float = PAUSE_S) -> dict[st
             s.chat(f"turn {i}: what did we say about topic {i}?", stream=False)
             times.append(time.perf_counter() - t)
         if index:
-            out["backlog_left"] = s.last_uid - s.indexer.progress()["vectors_upto"]
             out["embedded"] = s.indexer.progress()["vectors_upto"]
+            out["backlog_left"] = s.last_uid - out["embedded"]
             s.indexer.close()
             thread = s.indexer._thread
             if thread is not None:
