@@ -730,14 +730,27 @@ def recall_vectors_name(model_id: str) -> str:
     return "recall_" + vectors_table_name(model_id)
 
 
+def _create_index(table: Any, column: str, config: Any) -> None:
+    """Create an index unless it exists; when another writer (a kernel, a thread) creates one on the
+    same table at the same moment, lance refuses the later commit: look again, and retry once."""
+    for attempt in range(2):
+        if column in {c for i in table.list_indices() for c in i.columns}:
+            return
+        try:
+            table.create_index(column, config=config)
+            return
+        except RuntimeError as exc:
+            if attempt or "commit conflict" not in str(exc).lower():
+                raise
+            table.checkout_latest()
+
+
 def _ensure_scalar_indexes(table: Any) -> None:
     """BTree indexes on session and uid: filtered searches read only the matching rows."""
     from lancedb.index import BTree
 
-    have = {c for i in table.list_indices() for c in i.columns}
     for column in ("session", "uid"):
-        if column not in have:
-            table.create_index(column, config=BTree())
+        _create_index(table, column, BTree())
 
 
 def _ensure_text_indexes(table: Any) -> None:
@@ -745,12 +758,9 @@ def _ensure_text_indexes(table: Any) -> None:
     created with the empty table; rows written later are searched until `optimize` folds them in."""
     from lancedb.index import FTS
 
-    have = {c for i in table.list_indices() for c in i.columns}
-    if "text" not in have:
-        table.create_index("text", config=FTS(remove_stop_words=False))
-    if "cjk" not in have:
-        table.create_index("cjk", config=FTS(base_tokenizer="ngram", ngram_min_length=2, ngram_max_length=3,
-                                             stem=False, remove_stop_words=False, ascii_folding=False))
+    _create_index(table, "text", FTS(remove_stop_words=False))
+    _create_index(table, "cjk", FTS(base_tokenizer="ngram", ngram_min_length=2, ngram_max_length=3,
+                                    stem=False, remove_stop_words=False, ascii_folding=False))
     _ensure_scalar_indexes(table)
 
 
