@@ -43,13 +43,20 @@ def __getattr__(name: str) -> Any:
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext mfs_nb`: register the magics; litellm, LanceDB and the embedder warm up off the cell."""
     from . import warm
+    from .cells import CellLog
     from .magics import MfsMagics
 
     magics = MfsMagics(ipython)
     ipython.register_magics(magics)
+    if getattr(ipython, "events", None) is not None:
+        magics.cells = CellLog(ipython)  # executed code cells join the session at the next %%chat
     # store libraries, the model client and the embedding gate load in a background thread
     magics.warmup = warm.start()
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """Nothing to tear down: state lives in the store."""
+    """State lives in the store; only the cell log's hooks come off the shell."""
+    magics = getattr(ipython, "magics_manager", None) and ipython.magics_manager.registry.get("MfsMagics")
+    if magics is not None and getattr(magics, "cells", None) is not None:
+        magics.cells.close()
+        magics.cells = None

@@ -128,9 +128,9 @@ def apply(items: list[tuple[dict[str, Any], int | None]], clearing: Clearing
                     stats.pruned += form == "pruned"
                     stats.trimmed += form == "trimmed"
                     message = {**message, "tool_calls": calls}
-        elif message.get("role") == "tool" and uid is not None:
+        elif uid is not None and (message.get("role") == "tool" or is_tool_note(message, uid)):
             content = message.get("content") or ""
-            name = message.get("name") or names.get(str(message.get("tool_call_id", "")), "")
+            name = message.get("name") or names.get(str(message.get("tool_call_id", "")), "") or note_name(content)
             if uid < clearing.clear_before:
                 new = cleared_text(content, uid, name)
                 if len(new) < len(content):
@@ -145,6 +145,18 @@ def apply(items: list[tuple[dict[str, Any], int | None]], clearing: Clearing
                     message, form = {**message, "content": new}, "trimmed"
         out.append((message, uid, form))
     return out, stats
+
+
+def is_tool_note(message: dict[str, Any], uid: int) -> bool:
+    """A tool result sent without its call (the notebook's cell log, a result whose call left the
+    payload): the projection labels it `[tool result #uid …]` in a user message."""
+    content = str(message.get("content") or "")
+    return message.get("role") == "user" and content.startswith((f"[tool result #{uid}]", f"[tool result #{uid} from "))
+
+
+def note_name(content: str) -> str:
+    head = content.split("]", 1)[0]
+    return head.split(" from ", 1)[1] if " from " in head else ""
 
 
 def rounds(events: list[Any]) -> list[int]:

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from . import coldrange, terminal
+from . import coldrange, lang, terminal
 from . import consolidation as con
 from . import segments as seg
 from .errors import MfsError
@@ -203,7 +203,11 @@ class Compactor:
         if self.breaker_open and not self._may_try():
             info["error"] = "circuit breaker open: automatic LLM compaction is off for this session"
             return None, info
-        messages = [{"role": "system", "content": self.s.system_prompt()}, *seg.compressor_messages(events),
+        shown = _newest_within(events, seg.INPUT_CHARS)
+        before = ([{"role": "user", "content": f"(uids {events[0].uid}–{shown[0].uid - 1} came before this and are "
+                                              "not shown; their fact lines are kept with the summary)"}]
+                  if shown[0].uid != events[0].uid else [])
+        messages = [{"role": "system", "content": self.s.system_prompt()}, *before, *seg.compressor_messages(shown),
                     {"role": "user", "content": seg.instruction(self.s.settings().summary_style, events[0].uid,
                                                                 events[-1].uid, target, focus,
                                                                 self.language(events[-1].uid))}]
@@ -543,6 +547,33 @@ class Compactor:
         finally:
             self._release()
 
+    def cover(self, events: list[Event], reason: str, focus: str = "") -> tuple[Segment | None, list[str]]:
+        """One segment over exactly `events` — a fork's whole inherited history — committed even when
+        it is not smaller than the events (the fork starts from a summary by design). When the range
+        is more than the compressor takes at once, the summarizer reads the newest events that fit,
+        after the segments this history already had (their text stands for what came before)."""
+        busy = self._acquire(LOCK_WAIT_S)
+        if busy:
+            return None, [f"{busy}; try again in a moment"]
+        try:
+            before = self.s.usage()
+            seq = self.next_seq()
+            self._start(seq, {"trigger": reason, "tier": before.tier, "uid_from": events[0].uid,
+                              "uid_to": events[-1].uid})
+            segment, info = self.make(seq, events, before.effective, focus)
+            rejected = self.commit(segment)
+            if rejected:
+                self.s.store.append_compaction(self.s.name, seq, "aborted", {"reason": rejected})
+                return None, [f"the fork's summary was not committed: {rejected}"]
+            self.s.store.append_compaction(self.s.name, seq, "finished", {})
+            self.s.log("compaction", tier=before.tier, trigger=reason, tokens_before=before.tokens,
+                       tokens_after=self.s.usage().tokens, llm_tokens=info.get("llm_tokens", 0),
+                       uid_from=segment.uid_from, uid_to=segment.uid_to, segments=[segment.id],
+                       degraded=segment.degraded, evicted=[])
+            return segment, self._notes(segment, info, before.tier)
+        finally:
+            self._release()
+
     def undo(self) -> list[str]:
         """Retract the newest segment (`%compact --undo`): an append-only declaration that the
         projection honours, so its uids are raw again. Only when they fit below the warn line (else
@@ -648,8 +679,8 @@ class Compactor:
                    llm_tokens=llm_tokens, uid_from=uid_from, uid_to=uid_to, segments=[x.id for x in made],
                    degraded=any(x.degraded for x in made), duration_s=round(time.monotonic() - started, 3),
                    evicted=[x.id for x in evicted])
-            notices.insert(0, f"context compacted: {human(before.tokens)} → {human(after.tokens)} "
-                              f"(segment {ids}, uids {uid_from}–{uid_to})")
+            notices.insert(0, lang.text("compacted", self.language(uid_to), before=human(before.tokens),
+                                        after=human(after.tokens), ids=ids, a=uid_from, b=uid_to))
             notices += merged
             if evicted:
                 notices.append(f"the oldest {len(evicted)} segment map{'s' if len(evicted) > 1 else ''} left the "
@@ -757,3 +788,19 @@ def _consecutive(segments: Sequence[Segment], at: list[int], ids: list[int]) -> 
 def _short(text: str) -> str:
     text = " ".join(str(text).split())
     return text[:120] + ("…" if len(text) > 120 else "")
+
+
+def _newest_within(events: Sequence[Event], max_chars: int) -> list[Event]:
+    """`events`, or when the compressor would read more than `max_chars` of them, the newest that
+    fit, starting at a turn start (a call never without its result). Ranges the cold-range choice
+    makes always fit; a fork's whole history may not."""
+    if sum(seg.compressor_chars(e) for e in events) <= max_chars:
+        return list(events)
+    used, start = 0, len(events) - 1
+    for i in range(len(events) - 1, -1, -1):
+        used += seg.compressor_chars(events[i])
+        if used > max_chars and i < len(events) - 1:
+            break
+        if events[i].turn_start:
+            start = i
+    return list(events[start:])

@@ -100,6 +100,7 @@ class MfsMagics(Magics, Configurable):
         self._sessions: dict[str, Any] = {}
         self._store: Any = None
         self.warmup: Any = None  # set by %load_ext: the background warm-up (mfs_nb.warm)
+        self.cells: Any = None  # set by %load_ext: the cell log (mfs_nb.cells)
 
     # -- traitlets: validate before anything is applied ----------------------------------
     @validate("model")
@@ -197,6 +198,8 @@ class MfsMagics(Magics, Configurable):
             if unknown:
                 print(f"mfs: left as written (no such variable): {', '.join('{' + u + '}' for u in unknown)}",
                       file=sys.stderr)
+            if self.cells is not None:
+                session.record_cells(self.cells.take())  # the cells run since the last chat, as one event
             stream = _Stream(self.shell)
             reply = session.chat(text, quote=args.quote, docs=args.doc, own=args.own, on_delta=stream.delta,
                                  on_reset=stream.reset, stream=not args.no_stream)
@@ -243,7 +246,7 @@ class MfsMagics(Magics, Configurable):
             if words and words[0] == "--preview":
                 with _Progress(self.shell, "preparing a preview…"):
                     preview = session.compact_preview(words[1] if len(words) > 1 else "")
-                _print_preview(preview)
+                _show_preview(self.shell, preview)
                 return
             if words == ["--undo"]:
                 for notice in session.undo_compaction():
@@ -330,14 +333,14 @@ class MfsMagics(Magics, Configurable):
     # -- %mfs ----------------------------------------------------------------------------
     @line_magic
     def mfs(self, line: str) -> None:
-        """Session management: %mfs status | sessions | new NAME | use NAME | config [key=value …] | ledger | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
+        """Session management: %mfs status | sessions | new NAME | use NAME | fork NAME [focus] | config [key=value …] | pin [key=value …] | unpin KEY … | ledger | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
         try:
             words = _split(line)
             command, rest = (words[0], words[1:]) if words else ("status", [])
             handler: Callable[[list[str]], None] | None = getattr(self, f"_mfs_{command}", None)
             if handler is None:
-                raise InputError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, config, "
-                                 "ledger, export, gc, doctor, help")
+                raise InputError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, fork, config, "
+                                 "pin, unpin, ledger, export, gc, doctor, help")
             handler(rest)
         except MfsError as exc:
             _error(exc)
@@ -416,6 +419,53 @@ class MfsMagics(Magics, Configurable):
         new = s.configure(**values)
         print("; ".join(f"{k} = {getattr(new, k)!r}" for k in values))
 
+    def _mfs_fork(self, rest: list[str]) -> None:
+        """%mfs fork NAME [focus …]: a new session starting from a summary of this one; %%chat moves to it."""
+        if not rest:
+            raise InputError("%mfs fork NAME [focus]: name the new session")
+        parent = self.get_session()
+        with _Progress(self.shell, f"summarising {parent.name} for the fork…"):
+            child = parent.fork(rest[0], " ".join(rest[1:]))
+        self._sessions[child.name] = child
+        if child.settings.notebook_tools:
+            from .notebook_tools import notebook_tools
+
+            for tool in notebook_tools(self.shell):
+                child.register_tool(tool)
+        self.session = child.name
+        p = child.parent or {}
+        print(f"forked {parent.name} into {child.name}: uids {p.get('uid_from')}–{p.get('uid_to')} summarised in "
+              f"segment #{p.get('segment')}; {child.usage().status_line()}")
+        for notice in getattr(child, "fork_notices", []):
+            print(notice)
+        print(f"%%chat now talks to {child.name}; {parent.name} is unchanged (%mfs use {parent.name} to go back)")
+
+    def _mfs_pin(self, rest: list[str]) -> None:
+        """%mfs pin key=value …: keep values word for word in the knowledge slot; no argument lists it."""
+        s = self.get_session()
+        if not rest:
+            entries = s.knowledge.entries
+            if not entries:
+                print("the knowledge slot is empty; %mfs pin key=value adds to it")
+            for e in entries.values():
+                print(f"{e.key} = {e.value!r}" + ("" if e.by == "user" else "  (remembered by the model)"))
+            return
+        values: dict[str, str] = {}
+        for word in rest:
+            if "=" not in word:
+                raise InputError(f"%mfs pin: expected key=value, got {word!r} (quote values with spaces)")
+            key, value = word.split("=", 1)
+            values[key.strip()] = value
+        for notice in s.pin(values):
+            print(notice)
+
+    def _mfs_unpin(self, rest: list[str]) -> None:
+        """%mfs unpin KEY …: remove keys from the knowledge slot."""
+        if not rest:
+            raise InputError("%mfs unpin KEY …: name the keys to remove")
+        for notice in self.get_session().unpin(*rest):
+            print(notice)
+
     def _mfs_gc(self, rest: list[str]) -> None:
         """Remove snapshots nothing references any more (after a 48 h grace); --dry-run only lists them."""
         from . import snapshots
@@ -456,18 +506,35 @@ class MfsMagics(Magics, Configurable):
             print(view.text())
 
 
-def _print_preview(p: dict[str, Any]) -> None:
+def preview_lines(p: dict[str, Any]) -> list[str]:
+    """The preview as lines of text: the verdict, the numbers, then the segment's text."""
     if "nothing" in p:
-        print(f"preview: nothing to compact ({p['nothing']}); nothing committed")
-        return
-    print(f"preview, nothing committed: uids {p['uid_from']}–{p['uid_to']} ({p['messages']} messages) would become "
-          f"one segment of {p['segment_tokens']:,} tokens{' (degraded: ' + str(p['error']) + ')' if p['degraded'] else ''}")
+        return [f"preview: nothing to compact ({p['nothing']}); nothing committed"]
+    lines = [f"preview, nothing committed: uids {p['uid_from']}–{p['uid_to']} ({p['messages']} messages) would become "
+             f"one segment of {p['segment_tokens']:,} tokens"
+             + (f" (degraded: {p['error']})" if p["degraded"] else "")]
     if not p["would_commit"]:
-        print(f"%compact would not commit it: the payload would go from {p['tokens_before']:,} to "
-              f"{p['tokens_after']:,} tokens (nothing worth compacting yet)")
-    print(f"payload {p['tokens_before']:,} → {p['tokens_after']:,} tokens; the next call would read "
-          f"{p['cache_miss_tokens']:,} tokens again (prefix-cache miss); the summary cost {p['llm_tokens']:,} LLM tokens")
-    print(p["segment_text"])
+        lines.append(f"%compact would not commit it: the payload would go from {p['tokens_before']:,} to "
+                     f"{p['tokens_after']:,} tokens (nothing worth compacting yet)")
+    lines.append(f"payload {p['tokens_before']:,} → {p['tokens_after']:,} tokens; the next call would read "
+                 f"{p['cache_miss_tokens']:,} tokens again (prefix-cache miss); the summary cost "
+                 f"{p['llm_tokens']:,} LLM tokens")
+    return lines
+
+
+def _show_preview(shell: Any, p: dict[str, Any]) -> None:
+    lines = preview_lines(p)
+    text = "\n".join(lines + ([p["segment_text"]] if "segment_text" in p else []))
+    if not _has_frontend(shell):
+        print(text)
+        return
+    from .ui.html import PANEL, PRE, _e
+
+    body = "".join(f"<div>{_e(line)}</div>" for line in lines)
+    if "segment_text" in p:
+        body += (f"<details open><summary>the segment it would commit</summary><pre style='{PRE}'>"
+                 f"{_e(p['segment_text'])}</pre></details>")
+    display(Rich(text, f"<div class='mfs-preview' style='{PANEL}'>{body}</div>"))
 
 
 class _Progress:

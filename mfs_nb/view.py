@@ -181,8 +181,9 @@ def project(
     cache: RawCache | None = None,
     track: Any = None,
     fact_track: Any = None,
+    knowledge: str | None = None,
 ) -> SendView:
-    """The send view: system, the note for evicted segment maps, the segment block (oldest first),
+    """The send view: system, the knowledge slot, the note for evicted segment maps, the segment block (oldest first),
     the user-verbatim track, then every event not covered, raw, with S2 applied."""
     def count(msg: dict[str, Any], uid: int | None, form: str) -> int:
         return count_message(msg, uid, form) if count_message else message_tokens(msg)
@@ -193,6 +194,14 @@ def project(
     uids: list[int | None] = [None]
     forms = ["full"]
     layers = [Layer("system", None, None, count(system, None, "full"), messages=1)]
+    if knowledge:
+        import hashlib
+
+        msg = {"role": "user", "content": knowledge}
+        messages.append(msg)
+        uids.append(None)
+        forms.append(f"knowledge:{hashlib.sha256(knowledge.encode()).hexdigest()[:16]}")
+        layers.append(Layer("knowledge", None, None, count(msg, None, forms[-1]), messages=1))
     covered_to = 0
     if evicted:
         from .segments import evicted_note
@@ -234,6 +243,6 @@ def project(
             forms.append(form)
             tokens += count(msg, uid, form)
         layers.append(Layer("raw", raw[0].uid, raw[-1].uid, tokens, messages=len(items)))
-    structure = (f"{clearing.key}:seg:{segments[-1].id if segments else 0}:ev:{len(evicted)}"
+    structure = (f"{clearing.key}:kn:{forms[1] if knowledge else ''}:seg:{segments[-1].id if segments else 0}:ev:{len(evicted)}"
                  f":vt:{track.upto if track is not None else 0}:ft:{fact_track.upto if fact_track is not None else 0}")
     return SendView(messages, layers, uids, forms, structure, stats)

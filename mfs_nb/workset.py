@@ -32,6 +32,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import lang
+from .cells import NAME as CELLS
+from .cells import failed_lines
 from .events import Event
 from .facts import COMMAND, ERROR, LINE_CHARS, PATH, cut, extract
 from .tokens import estimate_tokens
@@ -40,7 +43,7 @@ GROUPS = ("errors", "commands", "calls", "files", "said")
 CAPTIONS = {"errors": "errors seen:", "commands": "commands run:", "calls": "other tool calls:",
             "files": "files touched:", "said": "said (user and assistant):"}
 _LOOKUP = re.compile(r"^(?:get|list|search|find|read|fetch|lookup|query|show|view|check|calculate|describe)", re.I)
-MEMORY_TOOLS = frozenset({"recall_history", "recall_search"})  # the memory layer's own tools: not work done
+MEMORY_TOOLS = frozenset({"recall_history", "recall_search", "remember", "forget"})  # the memory layer's own tools: not work done
 CHANGES = ("created", "edited", "deleted")
 MAX_UIDS = 5  # uids shown on one collapsed line (the newest); the count of the rest follows
 ERRORS_PER_RESULT = 4
@@ -291,7 +294,7 @@ def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: i
                     if e.uid not in f.uids:
                         f.uids.append(e.uid)
         elif e.role == "tool" and tool_ok and e.name not in MEMORY_TOOLS:  # a recall repeats, it saw nothing new
-            for text in error_lines(e.content):
+            for text in (failed_lines(e.content) if e.name == CELLS and not e.tool_call_id else error_lines(e.content)):
                 errors.setdefault(text, []).append(e.uid)
         if e.role in ("user", "assistant") and text_ok and e.content:
             mine: list[str] = []
@@ -419,9 +422,8 @@ class FactTrack:
     tokens: int
 
 
-def caption(upto: int) -> str:
-    return (f"[working set and fact lines of the history up to #{upto}, verbatim (compacted, or cleared from this "
-            "payload); recall_history gives their context]")
+def caption(upto: int, language: str = "") -> str:
+    return lang.text("fact_caption", language, upto=upto)
 
 
 def fact_track(events: Sequence[Event], text_upto: int, tool_upto: int, skip_uids: Iterable[int], max_tokens: int,
@@ -435,7 +437,7 @@ def fact_track(events: Sequence[Event], text_upto: int, tool_upto: int, skip_uid
         return None
     scope = [e for e in events if e.uid <= upto]
     lines = without_shown(lines_of(scope, text_upto, tool_upto, skip_uids), shown_text)
-    head = caption(upto)
+    head = caption(upto, lang.header_language(scope))
     kept = budget(lines, max_tokens - estimate_tokens(head))
     if not kept.lines:
         return None

@@ -93,6 +93,19 @@ class FakeLLM:
         return Completion(str(item), [], usage, "primary", "fake")
 
 
+def without_budget_note(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A request as the memory layer projected it: the `show_budget` note off its last message."""
+    if not messages:
+        return messages
+    last = messages[-1]
+    content = last.get("content")
+    if isinstance(content, str) and "[context " in content:
+        head, _, tail = content.rpartition("[context ")
+        if tail.endswith("]") and "% of the usable window · compaction at " in tail:
+            return [*messages[:-1], {**last, "content": head[:-2] if head.endswith("\n\n") else head}]
+    return messages
+
+
 def tool_call(name: str, arguments: dict[str, Any] | str, call_id: str = "call_1") -> Completion:
     args = arguments if isinstance(arguments, str) else json.dumps(arguments)
     return Completion("", [{"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}],

@@ -6,7 +6,7 @@ import json
 import re
 import time
 
-from conftest import FakeLLM, tool_call
+from conftest import FakeLLM, tool_call, without_budget_note
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_view import assert_paired, histories
@@ -60,7 +60,7 @@ def test_notice_is_shown_once_and_payload_is_byte_stable_between_events(store_di
     s.chat("a question without tools")
     s.chat("another one")
     assert [r for r in s.ledger() if r["kind"] == "clearing"] == notices  # no new event for ordinary turns
-    a, b = s._llm.received[0], s._llm.received[1]
+    a, b = without_budget_note(s._llm.received[0]), s._llm.received[1]
     assert b[: len(a)] == a, "an ordinary turn only appends to the payload"
     assert events_at > 0
 

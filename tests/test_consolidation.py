@@ -10,9 +10,8 @@ from collections import Counter
 import pytest
 from conftest import FakeLLM
 
-from mfs_nb import Session
+from mfs_nb import Session, terminal
 from mfs_nb import consolidation as con
-from mfs_nb import terminal
 from mfs_nb.segments import Segment
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import FakeLLM, tool_call
+from conftest import FakeLLM, tool_call, without_budget_note
 
 from mfs_nb import ConfigError, InputError, LLMError, Session
 
@@ -38,7 +38,8 @@ def test_send_view_is_system_then_every_event(store_dir):
     assert [(la.kind, la.uid_from, la.uid_to) for la in view.layers] == [("system", None, None), ("raw", 1, 4)]
     assert view.tokens == sum(la.tokens for la in view.layers) > 0
     # what the model received on the second call is exactly the view at that moment
-    assert fake.received[1] == view.messages[:-1]
+    assert without_budget_note(fake.received[1]) == view.messages[:-1]
+    assert fake.received[1][-1]["content"].startswith("again\n\n[context ")  # show_budget: the note at the tail
 
 
 def test_usage_is_one_object_for_meter_and_tier(store_dir):

@@ -116,7 +116,16 @@ def _tokens(text: str) -> tuple[list[str], list[int], list[int]]:
 # them. A template is anchored to its own wording; anything a person wrote stays.
 _HONESTY = ("Everything below is compressed; the originals are no longer in context. For exact numbers, paths or "
             "quotes, call recall_history with the uid range in the header.")
+_HONESTY_ZH = ("以下内容均为压缩后的摘要，原文已不在上下文中。需要确切的数字、路径或原话时，请用标题中的 uid 范围调用 "
+               "recall_history。")
 _TEMPLATES = [re.compile(p, re.M) for p in (
+    r"^\[knowledge slot: values kept word for word[^\n]*\]$",
+    r"^\[知识槽：[^\n]*\]$",
+    r"\[context \d+% of the usable window · compaction at \d+%\]",
+    r"\[上下文已占可用窗口的 \d+% · 压缩线 \d+%\]",
+    r"^\[notebook cells run since the last message\]$",
+    r"^事实（原文照录）：$",
+    r"^\[截至 #\d+ [^\n]*\]$",
     r"^\[segment #\d+ · uids \d+–\d+[^\n]*\]$",
     r"^\[earlier history, uids [\d–, ]+, was compressed[^\n]*\]$",
     r"^\[the user's own words up to #\d+, verbatim[^\n]*\]$",
@@ -150,7 +159,7 @@ def strip_markup(text: str) -> str:
     """`text` without any strategy's own decoration (the templates above), each replaced by a
     space so that the words on either side never join. Applied to the history too, so what a
     person wrote is treated the same on both sides."""
-    text = text.replace(_HONESTY, " ")
+    text = text.replace(_HONESTY, " ").replace(_HONESTY_ZH, " ")
     for pattern in _TEMPLATES:
         text = pattern.sub(" ", text)
     return text

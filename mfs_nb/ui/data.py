@@ -96,7 +96,8 @@ def _label(kind: str, position: str | None) -> str:
     if kind == "segment":
         return f"{position or 'L0'} segment"
     return {"system": "system", "evicted": "evicted maps", "raw": "raw tail", "dropped": "dropped",
-            "verbatim": "user's words", "facts": "fact lines"}.get(kind, kind)
+            "verbatim": "user's words", "facts": "fact lines",
+            "knowledge": "knowledge slot"}.get(kind, kind)
 
 
 def context_data(session: Any) -> dict[str, Any]:

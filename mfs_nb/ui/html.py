@@ -11,7 +11,7 @@ from typing import Any
 
 from ..usage import human
 
-KIND_COLOURS = {"system": "#90a4ae", "evicted": "#d7ccc8", "segment": "#7e57c2", "consolidated": "#4527a0",
+KIND_COLOURS = {"system": "#90a4ae", "knowledge": "#8d6e63", "evicted": "#d7ccc8", "segment": "#7e57c2", "consolidated": "#4527a0",
                 "verbatim": "#26a69a", "facts": "#ffb74d", "raw": "#42a5f5", "dropped": "#ef9a9a",
                 "tools": "#b0bec5", "measured": "#eceff1"}
 PRE = ("white-space:pre-wrap;overflow-wrap:break-word;word-break:normal;font:12px monospace;background:#f7f7f7;"

@@ -1,0 +1,94 @@
+"""Headers and notices in the conversation's language (issue 18 deliverable 6).
+
+A Chinese conversation gets Chinese segment prose (the summarizer is asked for it), and with this
+module Chinese headers in the payload and Chinese notices in the notebook. The language is decided
+by script from the user's own messages (`segments.conversation_language`); Chinese is the one
+translation here, every other language keeps the English text. A header's language is fixed when
+the layer is built from the history it covers (a segment stores it), so its bytes never change
+between calls and the prefix cache holds.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+CHINESE = "Chinese"
+
+_TEXT: dict[str, tuple[str, str]] = {
+    # model-facing headers (in the payload)
+    "honesty": (
+        "Everything below is compressed; the originals are no longer in context. For exact numbers, "
+        "paths or quotes, call recall_history with the uid range in the header.",
+        "以下内容均为压缩后的摘要，原文已不在上下文中。需要确切的数字、路径或原话时，请用标题中的 uid 范围调用 "
+        "recall_history。"),
+    "facts_label": ("Facts (verbatim):", "事实（原文照录）："),
+    "fact_caption": (
+        "[working set and fact lines of the history up to #{upto}, verbatim (compacted, or cleared from this "
+        "payload); recall_history gives their context]",
+        "[截至 #{upto} 的工作集与事实行，原文照录（已压缩，或已从本次请求中清除）；recall_history 可取回上下文]"),
+    "verbatim_caption": (
+        "[the user's own words up to #{upto}, verbatim and never summarized; quoted AI output and "
+        "documents are pointers]",
+        "[截至 #{upto} 用户的原话，逐字保留、从不摘要；粘贴的 AI 输出和文档只留指针]"),
+    "knowledge_header": (
+        "[knowledge slot: values kept word for word and never compacted. The user pins them; you save one "
+        "with remember(key, value) and drop it with forget(key)]",
+        "[知识槽：这些值逐字保留，永不压缩。用户固定它们；你可以用 remember(key, value) 保存一项，"
+        "用 forget(key) 删除]"),
+    "budget_note": ("[context {share} of the usable window · compaction at {line}]",
+                    "[上下文已占可用窗口的 {share} · 压缩线 {line}]"),
+    # user-facing notices
+    "compacted": ("context compacted: {before} → {after} (segment {ids}, uids {a}–{b})",
+                  "上下文已压缩：{before} → {after}（片段 {ids}，uid {a}–{b}）"),
+    "ahead": (
+        "compaction ahead: the context is at {share} of the usable window and compacts from {line} on, once "
+        "the background summary is ready; it will cover uids {a}–{b} (%compact --preview shows it, %compact "
+        "does it now)",
+        "即将压缩：上下文已占可用窗口的 {share}，从 {line} 起压缩（后台摘要就绪后）；将覆盖 uid {a}–{b}"
+        "（%compact --preview 可预览，%compact 立即执行）"),
+    "tier": ("context at {share} of the usable window (tier {tier})", "上下文已占可用窗口的 {share}（{tier} 级）"),
+    "pinned": ("knowledge slot: pinned {keys} ({n} entries, {tokens} of {budget} tokens)",
+               "知识槽：已固定 {keys}（{n} 项，{tokens} / {budget} tokens）"),
+    "remembered": ("knowledge slot: remembered {keys} ({n} entries, {tokens} of {budget} tokens)",
+                   "知识槽：已记住 {keys}（{n} 项，{tokens} / {budget} tokens）"),
+    "removed": ("knowledge slot: removed {keys} ({n} entries left)", "知识槽：已删除 {keys}（剩 {n} 项）"),
+    "slot_full": ("knowledge slot full: {keys} left it (written longest ago); pin again to bring one back",
+                  "知识槽已满：{keys} 已移出（最早写入的）；重新 pin 可恢复"),
+}
+
+
+def text(key: str, language: str | None = None, **values: Any) -> str:
+    """The text `key` in `language` (Chinese, else English), with `values` filled in."""
+    english, chinese = _TEXT[key]
+    return (chinese if language == CHINESE else english).format(**values)
+
+
+def is_chinese(language: str | None) -> bool:
+    return language == CHINESE
+
+
+_KANA = re.compile(r"[\u3040-\u30ff]")
+_HANGUL = re.compile(r"[\uac00-\ud7af]")
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
+_LATIN = re.compile(r"[A-Za-z]")
+CJK_SHARE = 0.3  # of the letters in the user's messages: above it, the conversation is Chinese/Japanese/Korean
+
+
+def conversation_language(events: Sequence[Any]) -> str | None:
+    """The language the user writes in, when the script says so with no model: Chinese, Japanese
+    or Korean (each CJK character counts for a word's worth of Latin letters); None otherwise
+    (the instruction then asks for the user's language in general)."""
+    text = " ".join(e.content for e in events if e.role == "user")
+    han, kana, hangul = len(_HAN.findall(text)), len(_KANA.findall(text)), len(_HANGUL.findall(text))
+    cjk = han + kana + hangul
+    if not cjk or 4 * cjk < CJK_SHARE * (4 * cjk + len(_LATIN.findall(text))):
+        return None
+    return "Korean" if hangul > han + kana else "Japanese" if kana > 0.1 * cjk else "Chinese"
+
+
+def header_language(events: Sequence[Any]) -> str:
+    """The language of a layer's headers for the history `events`: one this module translates to, or ""."""
+    found = conversation_language(events)
+    return found if found == CHINESE else ""
