@@ -39,23 +39,28 @@ def test_quickstart_runs_offline_shows_static_outputs_and_resumes(tmp_path, monk
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(NOTEBOOK.parent.parent),
                                                                    os.environ.get("PYTHONPATH")])))
     first, outputs, _ = _run(tmp_path)
-    load, _, chat1, _, chat2, recall, status, compact, context, ledger, api = first
+    load, _, chat1, _, chat2, pin, recall, status, preview, compact, context, ledger, api = first
     assert "No model is configured" in chat1 and "ctx " in chat1
-    assert "[#1 user · turn 1]\nHelp me pick the connection-pool size" in recall and "[#2 assistant · turn 1]" in recall
-    assert "4 events, last uid 4" in status
-    assert "context compacted:" in compact and "segment #1, uids 1–2" in compact
+    # uid 1: the cell log's record of the code cell that wrote the file (it ran before the first chat)
+    assert "[#1 tool · notebook · turn 1]" in recall and "`import pathlib, tempfile (+3 lines)`" in recall
+    assert "[#2 user · turn 2]\nHelp me pick the connection-pool size" in recall and "[#3 assistant · turn 2]" in recall
+    assert "6 events, last uid 6" in status
+    assert "knowledge slot: pinned db_limit, pool_max" in pin
+    assert "preview, nothing committed: uids 1–4" in preview and "[segment #1 · uids 1–4" in preview
+    assert "context compacted:" in compact and "segment #1, uids 1–4" in compact
+    assert "knowledge slot" in context and "knowledge" in ledger
     assert "L0 segment" in context and "raw tail" in context
     assert "compaction" in ledger
-    assert "segment 1 2" in api and "raw 3 4" in api
+    assert "knowledge None None" in api and "segment 1 4" in api and "raw 5 6" in api
     # rich outputs are static HTML, so a notebook reopened without a kernel shows them (no widget
     # view that would need a live model: "Error displaying widget: model not found")
-    for index in (2, 5, 8, 9):
+    for index in (2, 6, 8, 10, 11):
         assert any("text/html" in o.get("data", {}) for o in outputs[index]), index
     assert not any(WIDGET_VIEW in o.get("data", {}) for cell in outputs for o in cell)
     html = json.dumps([o.get("data", {}).get("text/html", "") for cell in outputs for o in cell])
     assert "Help me pick the connection-pool size" in html and "L0 segment" in html and "ctx " in html
 
     second, _, _ = _run(tmp_path)  # a fresh kernel on the same store: the conversation continues
-    assert "8 events, last uid 8" in second[6]
-    assert "segment 1 2" in second[10] and "segment 3 6" in second[10] and "raw 7 8" in second[10]
-    assert second[5] == recall
+    assert "12 events, last uid 12" in second[7]
+    assert "segment 1 4" in second[12] and "segment 5 10" in second[12] and "raw 11 12" in second[12]
+    assert second[6] == recall

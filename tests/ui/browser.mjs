@@ -24,21 +24,30 @@ try {
   await page.getByRole("button", { name: "No", exact: true }).click({ timeout: 5000 }).catch(() => {});
   await page.locator(".lm-MenuBar-itemLabel", { hasText: /^Run$/ }).click();
   await page.locator(".lm-Menu-itemLabel", { hasText: /^Run All Cells$/ }).click();
-  for (const sel of [".mfs-status", ".mfs-recall", ".mfs-context", ".mfs-ledger"]) {
+  for (const sel of [".mfs-status", ".mfs-recall", ".mfs-preview", ".mfs-context", ".mfs-ledger"]) {
     await page.waitForSelector(sel, { timeout: 180000, state: "attached" });
   }
   await page.waitForFunction(() => document.querySelectorAll(".mfs-ledger table").length > 0, null, { timeout: 60000 });
   const read = async () => {
     const r = {};
+    // JupyterLab renders only the cells near the viewport: bring each output in view before reading it
+    const show = async (sel) => page.locator(sel).first().scrollIntoViewIfNeeded().catch(() => {});
+    await show(".mfs-status");
     r.meter = await page.locator(".mfs-status .mfs-line").first().textContent();
     r.meterFill = await page.locator(".mfs-status .mfs-meter-fill").first().getAttribute("style");
+    await show(".mfs-recall");
     r.recall = await page.locator(".mfs-recall").first().innerText();
+    await show(".mfs-context");
     r.layers = await page.locator(".mfs-context details.mfs-layer > summary").allInnerTexts();
     r.bar = await page.locator(".mfs-context .mfs-bar-part").count();
     r.contextText = await page.locator(".mfs-context").first().innerText();
+    await show(".mfs-ledger");
     r.ledgerRows = await page.locator(".mfs-ledger table tr").count();
     r.ledgerText = await page.locator(".mfs-ledger").first().innerText();
-    r.mfsOutputs = await page.locator(".mfs-status, .mfs-recall, .mfs-context, .mfs-ledger").count();
+    r.mfsOutputs = await page.locator(".mfs-status, .mfs-recall, .mfs-preview, .mfs-context, .mfs-ledger").count();
+    await show(".mfs-preview");
+    r.preview = await page.locator(".mfs-preview").first().innerText();
+    r.pinned = await page.locator(".jp-OutputArea-output", { hasText: "knowledge slot: pinned" }).first().textContent();
     r.widgetErrors = await page.evaluate(() => (document.body.innerText.match(/Error displaying widget/g) || []).length);
     r.ledgerFits = await page.locator(".mfs-ledger").first().evaluate((el) => el.scrollWidth <= el.clientWidth + 1);
     return r;
@@ -49,6 +58,9 @@ try {
   await seg.locator("summary").click();
   result.segmentOpen = await seg.evaluate((d) => d.open);
   result.segmentText = await seg.locator("pre").innerText();
+  const slot = page.locator(".mfs-context details.mfs-layer", { hasText: "knowledge slot" }).first();
+  await slot.locator("summary").click();
+  result.slotText = await slot.locator("pre").innerText();
   result.rawText = await page.locator(".mfs-context details.mfs-layer", { hasText: "raw tail" }).first().locator("pre").textContent();
   result.injected = await page.evaluate(() => document.querySelectorAll(".jp-OutputArea script, .jp-OutputArea img[onerror]").length);
   const shot = async (sel, name) => {
@@ -59,6 +71,7 @@ try {
   await shot(".mfs-status", "status");
   await shot(".mfs-context", "context");
   await shot(".mfs-recall", "recall");
+  await shot(".mfs-preview", "preview");
   await shot(".mfs-ledger", "ledger");
   // save, stop the kernel, reload: what a person sees reopening the notebook later
   await page.locator(".jp-Notebook").first().click();

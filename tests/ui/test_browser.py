@@ -94,17 +94,23 @@ def test_outputs_render_and_survive_a_reopen_in_jupyterlab(tmp_path):
         assert state["widgetErrors"] == 0 and state["mfsOutputs"] >= 6
         assert state["meter"].startswith("ctx ") and "session default" in state["meter"]
         assert "width:" in state["meterFill"]
-        assert "#1 user · turn 1" in state["recall"] and "Our DB allows 120 connections" in state["recall"]
+        assert "#2 user · turn 2" in state["recall"] and "Our DB allows 120 connections" in state["recall"]
+        assert "#1 tool · notebook" in state["recall"]  # the cell log's record of the cell that wrote the file
         assert any(s.startswith("system") for s in state["layers"])
-        assert any(s.startswith("L0 segment · uids 1–2") for s in state["layers"])
-        assert any(s.startswith("raw tail · uids 3–4") for s in state["layers"])
+        assert any(s.startswith("knowledge slot") for s in state["layers"])
+        assert any(s.startswith("L0 segment · uids 1–4") for s in state["layers"])
+        assert any(s.startswith("raw tail · uids 5–6") for s in state["layers"])
+        assert state["preview"].startswith("preview, nothing committed: uids 1–4") and "prefix-cache miss" in state["preview"]
+        assert "[segment #1 · uids 1–4" in state["preview"]
+        assert "knowledge slot: pinned db_limit, pool_max" in state["pinned"]
         assert state["bar"] >= 3 and "compaction" in state["contextText"]
         assert state["ledgerRows"] > 1 and "compaction" in state["ledgerText"] and state["ledgerFits"]
     assert result["reopened"]["layers"] == result["layers"] and result["reopened"]["meter"] == result["meter"]
     assert result["segmentOpen"] is True
-    assert result["segmentText"].startswith("[user] [segment #1 · uids 1–2 · topics: ")
+    assert result["segmentText"].startswith("[user] [segment #1 · uids 1–4 · topics: ")
+    assert "- db_limit: 120" in result["slotText"] and "- pool_max: 30" in result["slotText"]
     # an XSS probe in the user's text renders as inert text
     assert "<script>alert(1)</script> stays text" in result["rawText"]
     assert result["injected"] == 0 and result["dialogs"] == []
-    for name in ("status", "context", "recall", "ledger"):
+    for name in ("status", "context", "recall", "preview", "ledger"):
         assert (shots / f"{name}.png").stat().st_size > 1000
