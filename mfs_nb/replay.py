@@ -111,9 +111,10 @@ def _text(content: Any, place: str) -> str:
 def replay(messages: list[Message], *, window: int | None = None, model: str | None = None,
            store: str | None = None, payloads: str | Path | None = None, session: str = "replay",
            on_call: Callable[[Any, Any], None] | None = None, keep: Callable[[Any], None] | None = None,
-           **settings: Any) -> dict[str, Any]:
+           on_start: Callable[[Any], None] | None = None, **settings: Any) -> dict[str, Any]:
     """Run the transcript through a fresh session; return the report (see README, `replay`).
 
+    `on_start(session)` sees the fresh session before the first message (e.g. to pin values);
     `on_call(session, plan)` sees each call's plan (payload and pressure); `keep(session)` sees the
     session at the end, before a temporary store is removed; `settings` go to the Session."""
     from .session import Session, shared_prefix_tokens
@@ -125,6 +126,8 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
         s = Session(session, store=store or tmp, model=model, window_tokens=window, **settings)
         if s.events:
             raise InputError(f"session {session!r} in {s.store.uri} already has events; use an empty --store")
+        if on_start:
+            on_start(s)
         if payloads:
             Path(payloads).mkdir(parents=True, exist_ok=True)
         uids: dict[str, int] = {}

@@ -9,9 +9,21 @@ regenerated in place. A suite whose data is missing is skipped with a message. A
 
 from __future__ import annotations
 
-from . import clearing, compaction, consolidation, qa, recall, recall_speed, sidebyside, tokens, ux, verbatim
+from . import (
+    clearing,
+    compaction,
+    consolidation,
+    notebook,
+    qa,
+    recall,
+    recall_speed,
+    sidebyside,
+    tokens,
+    ux,
+    verbatim,
+)
 
 SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compaction,
           consolidation.NAME: consolidation,
           verbatim.NAME: verbatim, sidebyside.NAME: sidebyside, ux.NAME: ux,
-          recall.NAME: recall, recall_speed.NAME: recall_speed, qa.NAME: qa}
+          recall.NAME: recall, recall_speed.NAME: recall_speed, notebook.NAME: notebook, qa.NAME: qa}
