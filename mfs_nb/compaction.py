@@ -656,8 +656,8 @@ class Compactor:
                        uid_from=segment.uid_from, uid_to=segment.uid_to)
                 if not made:
                     tokens = sum(seg.event_tokens(e) for e in events)
-                    notices.append(f"nothing worth compacting: {len(events)} messages, {human(tokens)} tokens "
-                                   f"(the payload would go from {human(now)} to {human(then)} tokens)")
+                    notices.append(lang.text("not_worth", self.language(events[-1].uid), n=len(events),
+                                             tokens=human(tokens), now=human(now), then=human(then)))
                 break
             rejected = self.commit(segment)
             if rejected:
