@@ -13,7 +13,7 @@ never their bytes.
 from __future__ import annotations
 
 import hashlib
-import io
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -25,6 +25,7 @@ FIRST_LINE_CHARS = 80
 DIGEST_CHARS = 160
 STDOUT_KEEP = 2_000  # characters of a cell's printed output kept for its digest
 MAX_OUTPUTS = 20  # displays of one cell digested (a loop of displays is not kept whole)
+MAX_FAILED = 200  # failures listed one per line in one event; older ones are counted
 MAX_LINES = 40  # cells listed one per line in one event; beyond it ok cells are counted, failures still listed
 OWN_MAGICS = ("%%chat", "%chat", "%context", "%compact", "%recall", "%mfs", "%load_ext", "%reload_ext",
               "%unload_ext")
@@ -90,8 +91,9 @@ def is_own(code: str) -> bool:
     return all(any(x == m or x.startswith(m + " ") for m in OWN_MAGICS) for x in lines)
 
 
-class _Tee(io.TextIOBase):
-    """Writes through to the real stream and keeps the first characters for the digest."""
+class _Tee:
+    """Writes through to the real stream and keeps the first characters for the digest. Not an
+    io class: every attribute it does not define (encoding, fileno, isatty, …) is the real stream's."""
 
     def __init__(self, inner: Any):
         self.inner = inner
@@ -99,25 +101,31 @@ class _Tee(io.TextIOBase):
         self.n = 0
         self.muted = False  # a display the shell prints itself (a terminal) is digested from its mime bundle
 
-    def write(self, text: str) -> int:
-        if self.n < STDOUT_KEEP and not self.muted:
+    def write(self, text: Any) -> Any:
+        if isinstance(text, str) and self.n < STDOUT_KEEP and not self.muted:
             self.kept.append(text[:STDOUT_KEEP - self.n])
             self.n += len(self.kept[-1])
         return self.inner.write(text)
 
-    def flush(self) -> None:
-        self.inner.flush()
+    def flush(self) -> Any:
+        return self.inner.flush()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
 
 class CellLog:
-    """Hooks on an IPython shell's pre/post_run_cell events; `take()` hands the pending records over."""
+    """Hooks on an IPython shell's pre/post_run_cell events; `take()` hands the pending records over.
+
+    Only the outermost cell is recorded: a cell that runs cells (`%rerun`, `run_cell` from code)
+    nests pre/post pairs, which change nothing here. Whatever a cell does, post restores stdout
+    and the display hooks."""
 
     def __init__(self, shell: Any):
         self.shell = shell
         self.pending: list[CellRecord] = []
+        self._depth = 0
+        self._open = False  # pre ran for the cell post will see (not so for the %load_ext cell)
         self._started = 0.0
         self._outputs: list[str] = []
         self._tee: _Tee | None = None
@@ -135,6 +143,10 @@ class CellLog:
                 pass
 
     def pre(self, info: Any = None) -> None:
+        self._depth += 1
+        if self._depth > 1:
+            return
+        self._open = True
         self._started = time.perf_counter()
         self._outputs = []
         code = getattr(info, "raw_cell", "") or ""
@@ -182,37 +194,48 @@ class CellLog:
 
     def _restore(self) -> str:
         printed = ""
-        if self._tee is not None:
-            printed = "".join(self._tee.kept)
-            if sys.stdout is self._tee:
+        try:
+            if self._tee is not None:
+                printed = "".join(self._tee.kept)
+        finally:
+            if self._tee is not None and sys.stdout is self._tee:
                 sys.stdout = self._tee.inner
             self._tee = None
-        if self._publish is not None:
-            vars(self._publish).pop("publish", None)
-            self._publish = None
-        if self._format is not None:
-            vars(self._format).pop("compute_format_data", None)
-            vars(self._format).pop("write_format_data", None)
-            self._format = None
+            if self._publish is not None:
+                vars(self._publish).pop("publish", None)
+                self._publish = None
+            if self._format is not None:
+                vars(self._format).pop("compute_format_data", None)
+                vars(self._format).pop("write_format_data", None)
+                self._format = None
         return printed
 
     def post(self, result: Any = None) -> None:
+        self._depth = max(self._depth - 1, 0)
+        if self._depth:
+            return  # a nested cell: the outer one is recorded
         printed = self._restore()
+        opened, self._open = self._open, False
         info = getattr(result, "info", None)
         code = getattr(info, "raw_cell", "") or ""
-        if is_own(code):
+        if not opened or is_own(code):
             return
+        from .llm import redact  # a key set or printed in a cell never reaches the store or the model
+
         exc = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         error = ""
         if exc is not None:
-            message = str(exc).strip().splitlines()
+            try:
+                message = str(exc).strip().splitlines()
+            except Exception:  # an exception whose text cannot be made
+                message = []
             error = type(exc).__name__ + (f": {_cut(message[0], 120)}" if message else "")
         outputs = [_cut(printed)] if printed.strip() else []
         outputs += [x for x in self._outputs if x]
         digest = _cut(" · ".join(outputs), DIGEST_CHARS) if outputs else ""
         self.pending.append(CellRecord(
-            getattr(result, "execution_count", None), hashlib.sha256(code.encode()).hexdigest()[:8],
-            _first_line(code), error, round(time.perf_counter() - self._started, 3), digest))
+            getattr(result, "execution_count", None), hashlib.sha256(code.encode("utf-8", "replace")).hexdigest()[:8],
+            redact(_first_line(code)), redact(error), round(time.perf_counter() - self._started, 3), redact(digest)))
 
     def take(self) -> list[CellRecord]:
         taken, self.pending = self.pending, []
@@ -221,27 +244,35 @@ class CellLog:
 
 def event_text(records: list[CellRecord]) -> str:
     """One event's text for the cells run since the last chat: a line per cell; past MAX_LINES the
-    cells that ran ok are counted, every failure keeps its line."""
+    cells that ran ok are counted, and past MAX_FAILED failures the oldest failures are counted too."""
+    failed = [r for r in records if r.error]
+    ok = [r for r in records if not r.error]
     if len(records) <= MAX_LINES:
-        shown = records
-        note = ""
+        shown, skipped_ok, skipped_failed = records, [], []
     else:
-        failed = [r for r in records if r.error]
-        room = max(MAX_LINES - len(failed), 0)
-        keep = {id(r) for r in failed} | {id(r) for r in [r for r in records if not r.error][-room:]}
+        kept_failed = failed[-MAX_FAILED:]
+        room = max(MAX_LINES - len(kept_failed), 0)
+        kept_ok = ok[-room:] if room else []
+        keep = {id(r) for r in kept_failed} | {id(r) for r in kept_ok}
         shown = [r for r in records if id(r) in keep]
-        skipped = [r for r in records if id(r) not in keep]
-        counts = [r.count for r in skipped if r.count is not None]
-        note = (f"\n[{len(skipped)} more cells ran ok"
-                + (f" (In [{min(counts)}]–[{max(counts)}])" if counts else "") + "]")
-    return HEADER + "\n" + "\n".join(r.line() for r in shown) + note
+        skipped_ok = [r for r in ok if id(r) not in keep]
+        skipped_failed = [r for r in failed if id(r) not in keep]
+    notes = []
+    for group, what in ((skipped_ok, "more cells ran ok"), (skipped_failed, "older cells failed")):
+        if group:
+            counts = [r.count for r in group if r.count is not None]
+            notes.append(f"[{len(group)} {what}" + (f" (In [{min(counts)}]–[{max(counts)}])" if counts else "") + "]")
+    return HEADER + "\n" + "\n".join([r.line() for r in shown] + notes)
+
+
+_FAILED = re.compile(r"^In \[(\d+| )\] error (.*?)(?: · [\d.]+ s · #|$)")
 
 
 def failed_lines(content: str) -> list[str]:
     """The failed cells of a cell-log event, as `cell In [N] failed: ErrorName: message` lines."""
     out = []
     for line in content.splitlines():
-        if line.startswith("In [") and "] error " in line:
-            where, rest = line.split("] error ", 1)
-            out.append(f"cell {where}] failed: {rest.split(' · ', 1)[0]}")
+        m = _FAILED.match(line)
+        if m:
+            out.append(f"cell In [{m.group(1)}] failed: {m.group(2)}")
     return out

@@ -47,6 +47,7 @@ BREAKER = 3  # consecutive summarizer failures before automatic LLM compaction s
 REFILL_CALLS = 2  # a compaction needed again within this many calls is a rapid refill
 LOCK_WAIT_S = 10.0  # a manual or hard-line compaction waits this long for another kernel's lease
 BREAKER_COOLDOWN_S = 600.0  # an open breaker lets one automatic try through after this long (half-open)
+EARLIER_CHARS = 40_000  # of earlier summaries shown before a range too large to read at once (a fork)
 
 
 @dataclass
@@ -196,7 +197,8 @@ class Compactor:
         return coldrange.target(events, effective)
 
     # -- making one segment ----------------------------------------------------------------
-    def summarize(self, events: Sequence[Event], effective: int, focus: str = "") -> tuple[str | None, dict[str, Any]]:
+    def summarize(self, events: Sequence[Event], effective: int, focus: str = "",
+                  earlier: str = "") -> tuple[str | None, dict[str, Any]]:
         """Ask the model for the prose guide; (None, info) on any failure or unusable output."""
         target = self.target(events, effective)
         info: dict[str, Any] = {"target": target, "style": self.s.settings().summary_style, "llm_tokens": 0}
@@ -204,8 +206,12 @@ class Compactor:
             info["error"] = "circuit breaker open: automatic LLM compaction is off for this session"
             return None, info
         shown = _newest_within(events, seg.INPUT_CHARS)
+        # a range larger than the compressor reads at once (a fork's whole history): the newest part,
+        # after what the earlier summaries (`earlier`) say of the rest
         before = ([{"role": "user", "content": f"(uids {events[0].uid}–{shown[0].uid - 1} came before this and are "
-                                              "not shown; their fact lines are kept with the summary)"}]
+                                              "not shown; their fact lines are kept with the summary"
+                                              + (f"; earlier summaries of them:)\n\n{earlier[-EARLIER_CHARS:]}"
+                                                 if earlier else ")")}]
                   if shown[0].uid != events[0].uid else [])
         messages = [{"role": "system", "content": self.s.system_prompt()}, *before, *seg.compressor_messages(shown),
                     {"role": "user", "content": seg.instruction(self.s.settings().summary_style, events[0].uid,
@@ -237,14 +243,15 @@ class Compactor:
         """The conversation's language as the user writes it, from the user's messages up to `upto`."""
         return seg.conversation_language([e for e in self.s.events() if e.uid <= upto])
 
-    def make(self, seq: int, events: list[Event], effective: int, focus: str = "") -> tuple[Segment, dict[str, Any]]:
+    def make(self, seq: int, events: list[Event], effective: int, focus: str = "",
+             earlier: str = "") -> tuple[Segment, dict[str, Any]]:
         # the user messages of this range join the verbatim track when it commits: classify them
         # now, off the turn when this runs in the background (a failure leaves them own words)
         try:
             self.s.before_cover(events[-1].uid)
         except Exception:
             pass
-        prose, info = self.summarize(events, effective, focus)
+        prose, info = self.summarize(events, effective, focus, earlier)
         if prose is None and "circuit breaker open" not in str(info.get("error")):
             info["breaker"] = self._failed()
         elif prose is not None:
@@ -547,11 +554,12 @@ class Compactor:
         finally:
             self._release()
 
-    def cover(self, events: list[Event], reason: str, focus: str = "") -> tuple[Segment | None, list[str]]:
+    def cover(self, events: list[Event], reason: str, focus: str = "",
+              earlier: str = "") -> tuple[Segment | None, list[str]]:
         """One segment over exactly `events` — a fork's whole inherited history — committed even when
         it is not smaller than the events (the fork starts from a summary by design). When the range
         is more than the compressor takes at once, the summarizer reads the newest events that fit,
-        after the segments this history already had (their text stands for what came before)."""
+        after `earlier` (the parent's segments: their text stands for what came before)."""
         busy = self._acquire(LOCK_WAIT_S)
         if busy:
             return None, [f"{busy}; try again in a moment"]
@@ -560,7 +568,7 @@ class Compactor:
             seq = self.next_seq()
             self._start(seq, {"trigger": reason, "tier": before.tier, "uid_from": events[0].uid,
                               "uid_to": events[-1].uid})
-            segment, info = self.make(seq, events, before.effective, focus)
+            segment, info = self.make(seq, events, before.effective, focus, earlier)
             rejected = self.commit(segment)
             if rejected:
                 self.s.store.append_compaction(self.s.name, seq, "aborted", {"reason": rejected})

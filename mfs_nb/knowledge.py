@@ -65,7 +65,7 @@ def check_key(key: Any) -> str:
     if not isinstance(key, str):
         raise InputError(f"a knowledge key must be text, got {type(key).__name__}")
     text = key.strip()
-    if not KEY.match(text):
+    if not KEY.match(text) or any("\ud800" <= c <= "\udfff" for c in text):
         shown = text if len(text) <= 40 else text[:40] + "…"
         raise InputError(f"knowledge key {shown!r} is invalid: 1-64 letters, digits, spaces or _ . : / @ # + -, "
                          "starting with a letter or digit")
@@ -77,7 +77,12 @@ def check_value(key: str, value: Any, budget: int) -> str:
         raise InputError(f"the value of {key!r} is binary data; the knowledge slot keeps text only")
     if value is None or not isinstance(value, (str, int, float, bool)):
         raise InputError(f"the value of {key!r} must be text, got {type(value).__name__}")
-    text = str(value).strip()
+    text = str(value).replace("\r\n", "\n").replace("\r", "\n").strip()
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InputError(f"the value of {key!r} is not valid text (an undecodable character at position "
+                         f"{exc.start}); the slot keeps text only") from None
     if not text:
         raise InputError(f"the value of {key!r} is empty; to remove the key use %mfs unpin {key} (or forget)")
     if _CONTROL.search(text):
@@ -109,11 +114,13 @@ class KnowledgeSlot:
         """Replay one ledger row (its `set` entries, then everything it removed)."""
         self.writes += 1
         self.language = row.get("language", self.language)
+        entries = dict(self.entries)  # copy on write: a projection in another thread reads a whole dict
         for item in row.get("set") or ():
             # a key set again keeps its place, so the text before it stays byte-identical
-            self.entries[item["key"]] = Entry(item["key"], item["value"], item.get("by", "user"), self.writes)
+            entries[item["key"]] = Entry(item["key"], item["value"], item.get("by", "user"), self.writes)
         for key in [*(row.get("removed") or ()), *(row.get("evicted") or ())]:
-            self.entries.pop(key, None)
+            entries.pop(key, None)
+        self.entries = entries
 
     def text(self, entries: Mapping[str, Entry] | None = None) -> str | None:
         shown = self.entries if entries is None else entries
@@ -132,7 +139,7 @@ class KnowledgeSlot:
             raise InputError("nothing to pin: give key=value")
         if len(items) > MAX_KEYS:
             raise InputError(f"{len(items):,} keys at once; the knowledge slot holds at most {MAX_KEYS} entries")
-        room = budget - estimate_tokens(HEADER) - 4
+        room = budget - max(estimate_tokens(lang.text("knowledge_header", x)) for x in ("", lang.CHINESE)) - 4
         clean: dict[str, str] = {}
         for key, value in items.items():
             k = check_key(key)

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
 from IPython.display import Markdown, display
 from traitlets import Int, TraitError, Unicode, observe, validate
 from traitlets.config import Configurable
@@ -77,6 +77,17 @@ def _split(line: str) -> list[str]:
     try:
         return shlex.split(line)
     except ValueError as exc:  # an unclosed quote
+        raise InputError(f"cannot read the options {line.strip()!r}: {exc}") from None
+
+
+def _split_literal(line: str) -> list[str]:
+    """Words as `_split` gives them, but a backslash is a backslash (`C:\\data`, `\\d+` stay as typed)."""
+    lex = shlex.shlex(line, posix=True)
+    lex.whitespace_split = True
+    lex.escape = ""
+    try:
+        return list(lex)
+    except ValueError as exc:
         raise InputError(f"cannot read the options {line.strip()!r}: {exc}") from None
 
 
@@ -331,11 +342,12 @@ class MfsMagics(Magics, Configurable):
             print(view.text())
 
     # -- %mfs ----------------------------------------------------------------------------
+    @no_var_expand  # values are kept as typed: `{x}` and `$x` are not expanded (`%mfs pin` keeps them word for word)
     @line_magic
     def mfs(self, line: str) -> None:
         """Session management: %mfs status | sessions | new NAME | use NAME | fork NAME [focus] | config [key=value …] | pin [key=value …] | unpin KEY … | ledger | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
         try:
-            words = _split(line)
+            words = _split_literal(line) if line.split(None, 1)[:1] == ["pin"] else _split(line)
             command, rest = (words[0], words[1:]) if words else ("status", [])
             handler: Callable[[list[str]], None] | None = getattr(self, f"_mfs_{command}", None)
             if handler is None:

@@ -170,7 +170,9 @@ class Session:
         self.register_tool(Tool("recall_search", SEARCH_DESCRIPTION, SEARCH_SCHEMA, self._search_tool))
         self.register_tool(Tool("remember", REMEMBER_DESCRIPTION, REMEMBER_SCHEMA, self._remember_tool))
         self.register_tool(Tool("forget", FORGET_DESCRIPTION, FORGET_SCHEMA, self._forget_tool))
-        self.knowledge = KnowledgeSlot(r for r in ledger if r["kind"] == "knowledge")
+        # by time, not by seq: each kernel numbers its own rows, and the latest write of a key wins
+        self.knowledge = KnowledgeSlot(sorted((r for r in ledger if r["kind"] == "knowledge"),
+                                              key=lambda r: r["time"]))
         if self.settings.window_tokens:  # validated before anything is saved
             self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
         if explicit or not meta:
@@ -426,39 +428,73 @@ class Session:
     # -- fork --------------------------------------------------------------------------------
     def fork(self, name: str, focus: str = "") -> Session:
         """A new session `name` whose history starts with one segment summarising this one (with
-        `focus` for the summary), plus this one's knowledge slot; the user-verbatim and fact tracks
-        follow from the inherited events as in any compacted session. The inherited events are
-        copied under their uids, so `recall_history` in the fork returns this session's originals
-        word for word; the fork records its parent and the covered range. This session is untouched."""
+        `focus` for the summary), plus this one's knowledge slot and the classifications of its
+        user messages (quoted, documents, own words); the user-verbatim and fact tracks follow from
+        the inherited events as in any compacted session. The inherited events are copied under
+        their uids, so `recall_history` in the fork returns this session's originals word for word;
+        the fork records its parent and the covered range. This session is untouched.
+
+        The parent is recorded first; a fork interrupted before its segment (a failure, the user
+        stopping the cell) is finished by the next `fork` to the same name from the same parent."""
         if not isinstance(name, str) or not _NAME.match(name):
             raise InputError(f"cannot fork to {name!r}: a session name is 1-64 letters, digits, '.', '_' or '-'")
         with self._lock:
             self._catch_up()
             if not self._events:
                 raise InputError(f"session {self.name!r} is empty: there is nothing to fork yet")
-            if name == self.name or name in self.store.sessions():
+            if name == self.name:
                 raise InputError(f"session {name!r} exists already; fork to a new name (%mfs sessions lists them)")
             events = list(self._events)
+            resuming = False
+            if name in self.store.sessions():
+                old = self.store.load_meta(name).get("anchor") or {}
+                parent = old.get("parent") or {}
+                resuming = parent.get("session") == self.name and parent.get("segment") is None
+                if not resuming:
+                    raise InputError(f"session {name!r} exists already; fork to a new name (%mfs sessions lists them)")
+                events = [e for e in events if e.uid <= int(parent["uid_to"])]
             child = Session(name, store=self.store, llm=self._injected_llm, **self._saved)
-            if child.events:  # another kernel made it between our check and now
+            if child.events and not resuming or child.segments:  # another kernel made it meanwhile
                 raise InputError(f"session {name!r} exists already; fork to a new name")
-            child.store.append_events([replace(e, session=name) for e in events], child._writer)
-            child._events = child.store.load_events(name)
-            if self.knowledge.entries:
+            child.parent = {"session": self.name, "uid_from": events[0].uid, "uid_to": events[-1].uid,
+                            "segment": None, "at": now_iso(), "focus": focus}
+            child._save_meta()
+            if not child.events:
+                child.store.append_events([replace(e, session=name) for e in events], child._writer)
+                child._events = child.store.load_events(name)
+            self._copy_verdicts(child, events[-1].uid)
+            if self.knowledge.entries and not child.knowledge.entries:
                 row = {"set": [{"key": e.key, "value": e.value, "by": e.by} for e in self.knowledge.entries.values()],
                        "evicted": [], "changed": list(self.knowledge.entries), "tokens": self.knowledge.tokens(),
                        "budget": child.knowledge_budget(), "entries": len(self.knowledge.entries),
                        "language": self.knowledge.language}
                 child._log("knowledge", by="fork", cache_miss_tokens=0, **row)
                 child.knowledge.apply(row)
-            segment, notices = child.compactor.cover(child._events, "fork", focus)
-            child.parent = {"session": self.name, "uid_from": events[0].uid, "uid_to": events[-1].uid,
-                            "segment": segment.id if segment else None, "at": now_iso(), "focus": focus}
+            # what this session's segments say stands for the history the summarizer cannot read at once
+            earlier = "\n\n".join(x.render() for x in self.compactor.segments)
+            segment, notices = child.compactor.cover(child._events, "fork", focus, earlier=earlier)
+            if segment is None:
+                raise MfsError(f"the fork {name!r} has its history but not its summary ({'; '.join(notices)}); "
+                               f"run the same fork again to finish it")
+            child.parent = {**child.parent, "segment": segment.id}
             child._log("forked", **child.parent)
             child._save_meta()
             self._log("fork", child=name, uid_to=events[-1].uid)
             child.fork_notices = notices
             return child
+
+    def _copy_verdicts(self, child: Session, upto: int) -> None:
+        """The fork inherits how this session classified each user message (a pasted AI reply stays
+        quoted); the ones not classified yet the fork classifies itself, as this session would."""
+        from .track import _row
+
+        models = {uid: d.get("model", "") for uid, d in self.store.load_verdicts(self.name).items()}
+        rows = [_row(uid, v, models.get(uid, "")) for uid, v in self.verbatim.verdicts.items() if uid <= upto]
+        if rows:
+            child.store.save_verdicts(child.name, rows)
+            for uid, v in self.verbatim.verdicts.items():
+                if uid <= upto:
+                    child.verbatim.verdicts.setdefault(uid, v)
 
     # -- the knowledge slot (knowledge.py) ---------------------------------------------------
     def knowledge_budget(self) -> int:

@@ -113,3 +113,31 @@ def test_failed_cells_stay_named_in_the_payload_after_compaction(store_dir):
     payload = "\n".join(m["content"] or "" for m in s.send_view().messages)
     for count, name in failed:
         assert f"In [{count}]" in payload and name in payload.split(f"In [{count}]", 1)[1][:80], (count, name)
+
+
+def test_keys_in_cells_never_reach_the_store_and_stdout_is_always_restored(ip):
+    import sys
+
+    real = sys.stdout
+    ip.run_cell("print('token:', 'sk-proj-AbCdEfGhIjKlMnOpQrStUv0123')", store_history=True)
+    ip.run_cell("get_ipython().run_cell('inner = 2')\nouter = 3", store_history=True)  # a cell running a cell
+    ip.run_cell("import sys\ntry:\n    sys.stdout.write(b'bytes')\nexcept TypeError:\n    pass", store_history=True)
+    ip.run_cell("enc = sys.stdout.encoding\nfd = sys.stdout.isatty()", store_history=True)
+    assert sys.stdout is real and "publish" not in vars(ip.display_pub)
+    assert ip.user_ns["enc"] == getattr(real, "encoding", None)
+    ip.run_cell("%%chat\nwhat ran?", store_history=True)
+    text = [e for e in _session(ip).events if e.name == "notebook"][0].content
+    assert "AbCdEfGhIjKlMnOpQrStUv0123" not in text and "sk-proj" in text
+    lines = [x for x in text.splitlines() if x.startswith("In [")]
+    assert len(lines) == 4 and "inner = 2" not in "".join(lines[2:])  # the nested cell is part of the outer one
+
+
+def test_a_line_that_mentions_an_error_is_not_a_failure():
+    from mfs_nb.cells import failed_lines
+
+    ok = CellRecord(3, "ab", "print(report)", "", 0.1, "[step 3] error rate 0.2 · ] error budget 3%").line()
+    bad = CellRecord(4, "cd", "d['x']", "KeyError: 'x'", 0.1, "").line()
+    assert failed_lines(ok + "\n" + bad) == ["cell In [4] failed: KeyError: 'x'"]
+    many = [CellRecord(i, "ab", "f()", "KeyError: 'k'" if i <= 45 else "", 0.1, "") for i in range(1, 1046)]
+    text = event_text(many)
+    assert len(text.splitlines()) <= 48 and "[1000 more cells ran ok (In [46]–[1045])]" in text

@@ -82,3 +82,47 @@ def test_fork_through_the_magic_moves_chat_to_the_fork(tmp_path, monkeypatch, ca
     finally:
         ip.run_line_magic("unload_ext", "mfs_nb")
         InteractiveShell.clear_instance()
+
+
+def test_fork_keeps_the_parents_classifications_and_an_interrupted_fork_is_finished_by_the_next(store_dir,
+                                                                                                monkeypatch):
+    from mfs_nb.compaction import Compactor
+
+    parent = Session("q", store=store_dir, window_tokens=32000, llm=FakeLLM(default=REPLY), show_budget=False)
+    parent.chat("AI said: use a pool of 40 connections and retry forever.\n---\nI doubt the 40", quote=True)
+    parent.chat("my own note: the freeze ends on Friday")
+    parent.compact()
+    real = Compactor.summarize
+    calls = {"n": 0}
+
+    def interrupted(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Compactor, "summarize", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        parent.fork("q2")
+    child = parent.fork("q2")  # the same fork again finishes it
+    assert child.segments and child.parent["segment"] == child.segments[0].id and len(child.events) == 4
+    assert parent.verbatim.verdicts[1].disposition == "quote+note"
+    assert all(child.verbatim.verdicts[u].disposition == v.disposition for u, v in parent.verbatim.verdicts.items())
+    with pytest.raises(InputError, match="exists already"):
+        parent.fork("q2")
+
+
+def test_a_fork_larger_than_the_compressor_reads_gets_the_parents_summaries(store_dir, monkeypatch):
+    import mfs_nb.segments as seg
+
+    parent = Session("big", store=store_dir, window_tokens=32000, show_budget=False,
+                     llm=FakeLLM(default=REPLY * 6, summary_text="- the nightly export moved to 02:30 UTC after the "
+                                                                   "freeze; the replica count stays at three; BLUEHERON"))
+    for i in range(12):
+        parent.chat(f"step {i}: export-{i}")
+    parent.compact()
+    assert parent.segments and not parent.segments[0].degraded
+    monkeypatch.setattr(seg, "INPUT_CHARS", 600)
+    child = parent.fork("big2")
+    prompt = "\n".join(m["content"] for m in child.llm.summaries[-1])
+    assert "came before this and are not shown" in prompt and "BLUEHERON" in prompt

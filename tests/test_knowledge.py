@@ -164,3 +164,39 @@ def test_pin_and_unpin_through_the_magics(tmp_path, monkeypatch, capsys):
     finally:
         ip.run_line_magic("unload_ext", "mfs_nb")
         InteractiveShell.clear_instance()
+
+
+def test_pin_keeps_backslashes_and_braces_as_typed_and_refuses_undecodable_text(tmp_path, monkeypatch, capsys,
+                                                                                 store_dir):
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    s = Session("ku", store=store_dir, llm=FakeLLM())
+    with pytest.raises(InputError, match="not valid text"):
+        s.pin("v", "ok\udcff")
+    s.pin("crlf", "a\r\nb")
+    assert s.knowledge.entries["crlf"].value == "a\nb"
+    monkeypatch.setenv("MFS_STORE", str(tmp_path / "nbstore"))
+    cfg = Config()
+    cfg.HistoryManager.enabled = False
+    ip = InteractiveShell(config=cfg)
+    try:
+        ip.run_line_magic("load_ext", "mfs_nb")
+        ip.user_ns["n"] = 7
+        ip.run_cell(r"%mfs pin data_dir=C:\Users\ana\data pattern=\d+\.csv fmt={n} 'home=$HOME/x'")
+        entries = ip.magics_manager.registry["MfsMagics"].get_session().knowledge.entries
+        assert {k: e.value for k, e in entries.items()} == {
+            "data_dir": r"C:\Users\ana\data", "pattern": r"\d+\.csv", "fmt": "{n}", "home": "$HOME/x"}
+    finally:
+        ip.run_line_magic("unload_ext", "mfs_nb")
+        InteractiveShell.clear_instance()
+
+
+def test_the_latest_write_of_a_key_wins_across_kernels(store_dir):
+    a = Session("kk2", store=store_dir, llm=FakeLLM())
+    for key in ("p", "q", "r"):
+        a.pin(key, "1")
+    a.pin("port", "5432")
+    b = Session("kk2", store=store_dir, llm=FakeLLM())  # another kernel: its own ledger numbering
+    b.pin("port", "6543")
+    assert Session("kk2", store=store_dir, llm=FakeLLM()).knowledge.entries["port"].value == "6543"
