@@ -72,8 +72,11 @@ def extractive_summary(messages: list[dict[str, Any]], target_tokens: int = 1000
         best = _best_sentence(text)
         if len(best) > 160:
             best = best[:159] + "…"
-        picked.append((i, f"- {m.get('role')}: {best}"))
-    order = sorted(picked, key=lambda p: (messages[p[0]].get("role") != "user", p[0]))
+        # a tool result sent as a labelled note (the notebook's cell log) is not the user speaking
+        role = "tool" if text.startswith("[tool result #") else m.get("role")
+        picked.append((i, f"- {role}: {best}"))
+    rank = {"user": 0, "assistant": 1}
+    order = sorted(picked, key=lambda p: (rank.get(p[1][2:].split(":", 1)[0], 2), p[0]))
     kept, used = set(), 0
     for i, line in order:
         cost = estimate_tokens(line) + 1
