@@ -41,6 +41,24 @@ def vectors(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def ip(tmp_path, monkeypatch):
+    """An in-process IPython shell with `%load_ext mfs_nb` run (store in tmp_path/nbstore)."""
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    monkeypatch.setenv("MFS_STORE", str(tmp_path / "nbstore"))
+    cfg = Config()
+    cfg.HistoryManager.enabled = False
+    shell = InteractiveShell.instance(config=cfg)
+    shell.run_cell("%load_ext mfs_nb", store_history=True)
+    try:
+        yield shell
+    finally:
+        shell.run_line_magic("unload_ext", "mfs_nb")
+        InteractiveShell.clear_instance()
+
+
+@pytest.fixture
 def store_dir(tmp_path) -> str:
     return str(tmp_path / "store")
 

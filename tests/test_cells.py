@@ -14,23 +14,11 @@ PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(34_000)).decode()
 
 
 @pytest.fixture
-def ip(tmp_path, monkeypatch):
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
-    monkeypatch.setenv("MFS_STORE", str(tmp_path / "nbstore"))
-    cfg = Config()
-    cfg.HistoryManager.enabled = False
-    shell = InteractiveShell.instance(config=cfg)
-    shell.run_cell("%load_ext mfs_nb", store_history=True)
-    magics = shell.magics_manager.registry["MfsMagics"]
-    session = magics.get_session()
+def ip(ip):
+    """The shell of conftest, its session answering from a fake model."""
+    session = ip.magics_manager.registry["MfsMagics"].get_session()
     session._injected_llm = session._llm = FakeLLM(default="fine")
-    try:
-        yield shell
-    finally:
-        shell.run_line_magic("unload_ext", "mfs_nb")
-        InteractiveShell.clear_instance()
+    return ip
 
 
 def _session(shell):

@@ -56,32 +56,20 @@ def test_fork_refuses_bad_names_existing_sessions_and_empty_sessions(store_dir):
     parent.chat("still usable")
 
 
-def test_fork_through_the_magic_moves_chat_to_the_fork(tmp_path, monkeypatch, capsys):
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
-    monkeypatch.setenv("MFS_STORE", str(tmp_path / "nbstore"))
-    cfg = Config()
-    cfg.HistoryManager.enabled = False
-    ip = InteractiveShell(config=cfg)
-    try:
-        ip.run_line_magic("load_ext", "mfs_nb")
-        magics = ip.magics_manager.registry["MfsMagics"]
-        ip.run_line_magic("mfs", "fork nothing-yet")
-        assert "is empty" in capsys.readouterr().err
-        for i in range(3):
-            ip.run_cell_magic("chat", "", f"question {i}: the cache holds {100 + i} MB")
-        ip.run_line_magic("mfs", "fork experiment focus on the cache size")
-        out = capsys.readouterr().out
-        assert "forked default into experiment: uids 1–6" in out and "%%chat now talks to experiment" in out
-        ip.run_cell_magic("chat", "", "in the fork now")
-        assert magics.get_session("experiment").events[-2].content == "in the fork now"
-        assert magics.get_session("default").last_uid == 6
-        ip.run_line_magic("mfs", "fork experiment")
-        assert "exists already" in capsys.readouterr().err
-    finally:
-        ip.run_line_magic("unload_ext", "mfs_nb")
-        InteractiveShell.clear_instance()
+def test_fork_through_the_magic_moves_chat_to_the_fork(ip, capsys):
+    magics = ip.magics_manager.registry["MfsMagics"]
+    ip.run_line_magic("mfs", "fork nothing-yet")
+    assert "is empty" in capsys.readouterr().err
+    for i in range(3):
+        ip.run_cell_magic("chat", "", f"question {i}: the cache holds {100 + i} MB")
+    ip.run_line_magic("mfs", "fork experiment focus on the cache size")
+    out = capsys.readouterr().out
+    assert "forked default into experiment: uids 1–6" in out and "%%chat now talks to experiment" in out
+    ip.run_cell_magic("chat", "", "in the fork now")
+    assert magics.get_session("experiment").events[-2].content == "in the fork now"
+    assert magics.get_session("default").last_uid == 6
+    ip.run_line_magic("mfs", "fork experiment")
+    assert "exists already" in capsys.readouterr().err
 
 
 def test_fork_keeps_the_parents_classifications_and_an_interrupted_fork_is_finished_by_the_next(store_dir,

@@ -137,59 +137,34 @@ def test_the_budget_note_is_at_the_tail_only_and_leaves_the_cached_prefix_alone(
     assert llm.received[-1][-1]["content"] == "and now?"
 
 
-def test_pin_and_unpin_through_the_magics(tmp_path, monkeypatch, capsys):
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
-    monkeypatch.setenv("MFS_STORE", str(tmp_path / "nbstore"))
-    cfg = Config()
-    cfg.HistoryManager.enabled = False
-    ip = InteractiveShell(config=cfg)
-    try:
-        ip.run_line_magic("load_ext", "mfs_nb")
-        ip.run_line_magic("mfs", "pin db=orders_v2 'region=eu west 1'")
-        out = capsys.readouterr().out
-        assert "pinned db, region" in out
-        ip.run_line_magic("mfs", "pin")
-        assert "region = 'eu west 1'" in capsys.readouterr().out
-        ip.run_line_magic("mfs", "pin novalue")
-        assert "expected key=value" in capsys.readouterr().err
-        ip.run_line_magic("mfs", "unpin db")
-        assert "removed db" in capsys.readouterr().out
-        ip.run_line_magic("context", "")
-        assert "knowledge slot" in capsys.readouterr().out
-        ip.run_cell_magic("chat", "", "hello")
-        session = ip.magics_manager.registry["MfsMagics"].get_session()
-        assert list(session.knowledge.entries) == ["region"]
-    finally:
-        ip.run_line_magic("unload_ext", "mfs_nb")
-        InteractiveShell.clear_instance()
+def test_pin_and_unpin_through_the_magics(ip, capsys):
+    ip.run_line_magic("mfs", "pin db=orders_v2 'region=eu west 1'")
+    out = capsys.readouterr().out
+    assert "pinned db, region" in out
+    ip.run_line_magic("mfs", "pin")
+    assert "region = 'eu west 1'" in capsys.readouterr().out
+    ip.run_line_magic("mfs", "pin novalue")
+    assert "expected key=value" in capsys.readouterr().err
+    ip.run_line_magic("mfs", "unpin db")
+    assert "removed db" in capsys.readouterr().out
+    ip.run_line_magic("context", "")
+    assert "knowledge slot" in capsys.readouterr().out
+    ip.run_cell_magic("chat", "", "hello")
+    session = ip.magics_manager.registry["MfsMagics"].get_session()
+    assert list(session.knowledge.entries) == ["region"]
 
 
-def test_pin_keeps_backslashes_and_braces_as_typed_and_refuses_undecodable_text(tmp_path, monkeypatch, capsys,
-                                                                                 store_dir):
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
+def test_pin_keeps_backslashes_and_braces_as_typed_and_refuses_undecodable_text(ip, store_dir):
     s = Session("ku", store=store_dir, llm=FakeLLM())
     with pytest.raises(InputError, match="not valid text"):
         s.pin("v", "ok\udcff")
     s.pin("crlf", "a\r\nb")
     assert s.knowledge.entries["crlf"].value == "a\nb"
-    monkeypatch.setenv("MFS_STORE", str(tmp_path / "nbstore"))
-    cfg = Config()
-    cfg.HistoryManager.enabled = False
-    ip = InteractiveShell(config=cfg)
-    try:
-        ip.run_line_magic("load_ext", "mfs_nb")
-        ip.user_ns["n"] = 7
-        ip.run_cell(r"%mfs pin data_dir=C:\Users\ana\data pattern=\d+\.csv fmt={n} 'home=$HOME/x'")
-        entries = ip.magics_manager.registry["MfsMagics"].get_session().knowledge.entries
-        assert {k: e.value for k, e in entries.items()} == {
-            "data_dir": r"C:\Users\ana\data", "pattern": r"\d+\.csv", "fmt": "{n}", "home": "$HOME/x"}
-    finally:
-        ip.run_line_magic("unload_ext", "mfs_nb")
-        InteractiveShell.clear_instance()
+    ip.user_ns["n"] = 7
+    ip.run_cell(r"%mfs pin data_dir=C:\Users\ana\data pattern=\d+\.csv fmt={n} 'home=$HOME/x'")
+    entries = ip.magics_manager.registry["MfsMagics"].get_session().knowledge.entries
+    assert {k: e.value for k, e in entries.items()} == {
+        "data_dir": r"C:\Users\ana\data", "pattern": r"\d+\.csv", "fmt": "{n}", "home": "$HOME/x"}
 
 
 def test_the_latest_write_of_a_key_wins_across_kernels(store_dir):

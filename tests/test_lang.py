@@ -53,29 +53,17 @@ def test_an_english_conversation_keeps_english_and_the_metric_strips_both(store_
         assert atoms.strip_markup(text("budget_note", language, share="63%", line="90%")).strip() == ""
 
 
-def test_notices_in_chinese_and_the_budget_note_through_the_magics(tmp_path, monkeypatch, capsys):
-    from IPython.core.interactiveshell import InteractiveShell
-    from traitlets.config import Config
-
-    monkeypatch.setenv("MFS_STORE", str(tmp_path / "nbstore"))
-    cfg = Config()
-    cfg.HistoryManager.enabled = False
-    ip = InteractiveShell(config=cfg)
-    try:
-        ip.run_line_magic("load_ext", "mfs_nb")
-        session = ip.magics_manager.registry["MfsMagics"].get_session()
-        session._injected_llm = session._llm = FakeLLM(default=REPLY_ZH * 3, summary_text="- 连接池上限三十，周五上线")
-        for i in range(8):
-            ip.run_cell_magic("chat", "", f"{i}：{ZH}")
-        assert session.llm.received[-1][-1]["content"].endswith("压缩线 90%]")
-        capsys.readouterr()
-        ip.run_line_magic("compact", "")
-        assert "上下文已压缩：" in capsys.readouterr().out
-        ip.run_line_magic("mfs", "pin 负责人=数据平台组")
-        assert "知识槽：已固定 负责人" in capsys.readouterr().out
-        ip.run_line_magic("mfs", "config show_budget=false")
-        ip.run_cell_magic("chat", "", "还有别的吗？")
-        assert session.llm.received[-1][-1]["content"] == "还有别的吗？"
-    finally:
-        ip.run_line_magic("unload_ext", "mfs_nb")
-        InteractiveShell.clear_instance()
+def test_notices_in_chinese_and_the_budget_note_through_the_magics(ip, capsys):
+    session = ip.magics_manager.registry["MfsMagics"].get_session()
+    session._injected_llm = session._llm = FakeLLM(default=REPLY_ZH * 3, summary_text="- 连接池上限三十，周五上线")
+    for i in range(8):
+        ip.run_cell_magic("chat", "", f"{i}：{ZH}")
+    assert session.llm.received[-1][-1]["content"].endswith("压缩线 90%]")
+    capsys.readouterr()
+    ip.run_line_magic("compact", "")
+    assert "上下文已压缩：" in capsys.readouterr().out
+    ip.run_line_magic("mfs", "pin 负责人=数据平台组")
+    assert "知识槽：已固定 负责人" in capsys.readouterr().out
+    ip.run_line_magic("mfs", "config show_budget=false")
+    ip.run_cell_magic("chat", "", "还有别的吗？")
+    assert session.llm.received[-1][-1]["content"] == "还有别的吗？"
