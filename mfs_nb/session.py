@@ -73,6 +73,7 @@ MAX_MESSAGE_SHARE = 0.5
 _WRITE_ATTEMPTS = 20
 PTL_TRIES = 3
 HISTORY = 2_000  # calls kept for the ledger plot
+CALLS_BATCH = 20  # history rows written together (a crash loses at most these, never a message)
 KNOWLEDGE_TOOLS = ("remember", "forget")
 
 
@@ -144,7 +145,12 @@ class Session:
         self._ledger_lock = threading.Lock()
         self._events: list[Event] = self.store.load_events(name)
         self._meter = Meter.from_json(meta.get("anchor"))
-        self.history: list[dict[str, Any]] = list((meta.get("anchor") or {}).get("history") or [])
+        # the per-call history (the ledger chart) lives in its own table, appended in batches; a store
+        # written before that kept it in the saved state
+        self.history: list[dict[str, Any]] = (self.store.load_calls(name, HISTORY)
+                                              or list((meta.get("anchor") or {}).get("history") or []))
+        self._calls_pending: list[dict[str, Any]] = []
+        self._saved_state: str | None = None
         self._breaker: dict[str, Any] | None = (meta.get("anchor") or {}).get("breaker")
         # the highest uid this session ever saved state after: a log that ends below it lost rows
         self._saved_last_uid = int((meta.get("anchor") or {}).get("last_uid") or 0)
@@ -656,8 +662,14 @@ class Session:
                 view = self.send_view()
                 usage = self.usage(view)
         notices += self._act_on_tier(usage)
-        self.history.append({"call": len(self.history) + 1, "turn": self.turn, "tokens": usage.tokens,
-                             "tier": usage.tier, "acted": bool(notices)})
+        entry = {"call": (self.history[-1]["call"] + 1) if self.history else 1, "turn": self.turn,
+                 "tokens": usage.tokens, "tier": usage.tier, "acted": bool(notices)}
+        self.history.append(entry)
+        if len(self.history) > 2 * HISTORY:
+            del self.history[:-HISTORY]  # memory does not grow with the number of calls
+        self._calls_pending.append(entry)
+        if len(self._calls_pending) >= CALLS_BATCH:
+            self._flush_calls()
         self._last_prefix_ratio = self._prefix_ratio(view)
         self._last_payload = view.messages
         self.last_plan = CallPlan(view, usage, notices)
@@ -1009,11 +1021,20 @@ class Session:
         """One row per memory-layer action and failure, oldest first."""
         return self.store.load_ledger(self.name)
 
+    def _flush_calls(self) -> None:
+        pending, self._calls_pending = self._calls_pending, []
+        self.store.append_calls(self.name, pending, self._writer)
+
     def _save_meta(self) -> None:
-        self.store.save_meta(self.name, settings=self._saved,
-                             anchor={**self._meter.to_json(), "history": self.history[-HISTORY:],
-                                     "breaker": self._breaker, "parent": getattr(self, "parent", None),
-                                     "last_uid": max(self.last_uid, getattr(self, "_saved_last_uid", 0))})
+        """The session's state as one small row (settings, the usage anchor, the breaker, the parent,
+        the uid high-water mark), written only when it changed. The call history is not in it."""
+        anchor = {**self._meter.to_json(), "breaker": self._breaker, "parent": getattr(self, "parent", None),
+                  "last_uid": max(self.last_uid, getattr(self, "_saved_last_uid", 0))}
+        state = json.dumps([self._saved, anchor], sort_keys=True, default=str)
+        if state == getattr(self, "_saved_state", None):
+            return
+        self.store.save_meta(self.name, settings=self._saved, anchor=anchor)
+        self._saved_state = state
 
     def status(self) -> dict[str, Any]:
         """What `%mfs status` shows."""

@@ -151,6 +151,15 @@ LEASES_SCHEMA = pa.schema(
     ]
 )
 
+CALLS_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("session", pa.string()),
+        ("call", pa.int64()),
+        ("data", pa.string()),
+    ]
+)
+
 VERBATIM_SCHEMA = pa.schema(
     [
         ("key", pa.string()),
@@ -471,6 +480,37 @@ class Store:
         rows.sort(key=lambda r: (r["seq"], r["time"]))  # one writer's order is its seq; kernels interleave by time
         return [{"seq": r["seq"], "time": r["time"], "kind": r["kind"], **json.loads(r["data"])} for r in rows]
 
+
+    # -- the per-call history (the ledger chart): small rows appended in batches ---------------
+    def _calls(self, create: bool) -> Any:
+        """The calls table (None when it does not exist and `create` is false); a writer holds `_lock`."""
+        if getattr(self, "_calls_table", None) is None:
+            if not create and "calls" not in _table_names(self._db):
+                return None
+            self._calls_table = self._table("calls", CALLS_SCHEMA)
+        return self._calls_table
+
+    def append_calls(self, session: str, rows: list[dict[str, Any]], writer: str) -> None:
+        """Insert history rows (`call`, `turn`, `tokens`, `tier`, `acted`) whose keys are new."""
+        if not rows:
+            return
+        table = [{"key": f"{session}\x1f{int(r['call']):012d}\x1f{writer}", "session": session, "call": int(r["call"]),
+                  "data": json.dumps(r, sort_keys=True)} for r in rows]
+        with self._lock, self._writing("calls"):
+            (
+                self._calls(True).merge_insert("key")
+                .when_not_matched_insert_all()
+                .execute(pa.Table.from_pylist(table, schema=CALLS_SCHEMA))
+            )
+
+    def load_calls(self, session: str, limit: int) -> list[dict[str, Any]]:
+        """The newest `limit` history rows of a session, oldest first."""
+        table = self._calls(False)
+        if table is None or not table.count_rows():
+            return []
+        rows = table.search().where(f"session = {_quote(session)}").select(["call", "data"]).limit(None).to_list()
+        rows.sort(key=lambda r: r["call"])
+        return [json.loads(r["data"]) for r in rows[-limit:]]
 
     # -- verbatim track: one classification per user message, written once ------------------
     def save_verdicts(self, session: str, rows: list[dict[str, Any]]) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import FakeLLM, tool_call, without_budget_note
 
@@ -240,3 +242,23 @@ def test_calibration_moves_k_and_notes_a_persistent_deviation_once(store_dir):
     u = s.usage()
     assert u.source == "anchor+estimate"
     assert Session("cal", store=store_dir)._meter.k == s._meter.k
+
+
+def test_the_saved_state_is_a_small_row_written_only_when_it_changes(store_dir):
+    """Issue 19 (fast, small writes): the per-call history is appended to its own table in batches,
+    not rewritten inside the session's state every turn; an unchanged state is not written again."""
+    s = Session("small", store=store_dir, llm=FakeLLM())
+    s.chat("first")
+    version = s.store._sessions.version
+    s._save_meta()  # the state has not changed since the turn saved it
+    assert s.store._sessions.version == version
+    s.chat("second")  # a turn moves the uid high-water mark: one small write
+    assert s.store._sessions.version == version + 1
+    priced = Session("priced", store=store_dir, llm=FakeLLM(prompt_tokens=500))
+    for i in range(45):
+        priced.chat(f"turn {i}")
+    meta = priced.store.load_meta("priced")
+    assert "history" not in meta["anchor"] and len(json.dumps(meta)) < 2_000
+    again = Session("priced", store=store_dir, llm=FakeLLM())
+    calls = [h["call"] for h in again.history]
+    assert len(calls) >= 40 and calls == sorted(calls) and calls[0] == 1  # batches of 20 survive a restart
