@@ -345,14 +345,14 @@ class MfsMagics(Magics, Configurable):
     @no_var_expand  # values are kept as typed: `{x}` and `$x` are not expanded (`%mfs pin` keeps them word for word)
     @line_magic
     def mfs(self, line: str) -> None:
-        """Session management: %mfs status | sessions | new NAME | use NAME | fork NAME [focus] | config [key=value …] | pin [key=value …] | unpin KEY … | ledger | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
+        """Session management: %mfs status | sessions | new NAME | use NAME | fork NAME [focus] | config [key=value …] | pin [key=value …] | unpin KEY … | optimize | ledger | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
         try:
             words = _split_literal(line) if line.split(None, 1)[:1] == ["pin"] else _split(line)
             command, rest = (words[0], words[1:]) if words else ("status", [])
             handler: Callable[[list[str]], None] | None = getattr(self, f"_mfs_{command}", None)
             if handler is None:
                 raise InputError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, fork, config, "
-                                 "pin, unpin, ledger, export, gc, doctor, help")
+                                 "pin, unpin, optimize, ledger, export, gc, doctor, help")
             handler(rest)
         except MfsError as exc:
             _error(exc)
@@ -451,6 +451,15 @@ class MfsMagics(Magics, Configurable):
         for notice in getattr(child, "fork_notices", []):
             print(notice)
         print(f"%%chat now talks to {child.name}; {parent.name} is unchanged (%mfs use {parent.name} to go back)")
+
+    def _mfs_optimize(self, rest: list[str]) -> None:
+        """%mfs optimize: compact the store's small fragments and remove its old versions."""
+        if rest:
+            raise InputError("%mfs optimize takes no arguments")
+        with _Progress(self.shell, "optimizing the store…"):
+            notices = self.get_session().optimize()
+        for notice in notices:
+            print(notice)
 
     def _mfs_pin(self, rest: list[str]) -> None:
         """%mfs pin key=value …: keep values word for word in the knowledge slot; no argument lists it."""

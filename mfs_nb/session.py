@@ -431,6 +431,27 @@ class Session:
         found = self.search(query, k, role=role or None, uid_from=lo, uid_to=hi)
         return format_hits(found, memory_result_chars(self.profile().effective))
 
+    # -- table maintenance ---------------------------------------------------------------------
+    def optimize(self, keep_s: float = 300.0) -> list[str]:
+        """Compact the store's small fragments and remove versions older than `keep_s` seconds
+        (`%mfs optimize`). Never while a kernel holds this session's compaction lock (it is taken for
+        the duration); its cost and effect are a `maintenance` ledger row."""
+        with self._lock:
+            busy = self.compactor._acquire(0.0)
+            if busy:
+                self._log("skip", reason="locked", trigger="maintenance", detail=busy)
+                return [f"{busy}; the store was not optimized; try again in a moment"]
+            try:
+                report = self.store.maintain(keep_s)
+            finally:
+                self.compactor._release()
+        self._log("maintenance", keep_s=keep_s, seconds=report["seconds"], versions=report["versions"],
+                  fragments=report["fragments"], bytes=report["bytes"], errors=report["errors"])
+        v, f, b = report["versions"], report["fragments"], report["bytes"]
+        line = (f"store optimized in {report['seconds']:.1f} s: versions {v[0]:,} → {v[1]:,}, fragments {f[0]:,} → "
+                f"{f[1]:,}" + (f", on disk {b[0] / 1e6:.1f} → {b[1] / 1e6:.1f} MB" if b[0] else ""))
+        return [line] + [f"table {name} was left as it was: {why}" for name, why in report["errors"].items()]
+
     # -- fork --------------------------------------------------------------------------------
     def fork(self, name: str, focus: str = "") -> Session:
         """A new session `name` whose history starts with one segment summarising this one (with

@@ -481,6 +481,30 @@ class Store:
         return [{"seq": r["seq"], "time": r["time"], "kind": r["kind"], **json.loads(r["data"])} for r in rows]
 
 
+    # -- table maintenance (`%mfs optimize`) --------------------------------------------------
+    def maintain(self, keep_s: float = 300.0) -> dict[str, Any]:
+        """Compact every table's small fragments and remove versions older than `keep_s` seconds
+        (a reader or writer still on an older version needs it no longer than that). Returns, per
+        table, versions, fragments and bytes before and after; a table that fails is reported, the
+        others go on. Nothing a session reads is changed: only how the tables are laid out."""
+        started = time.monotonic()
+        report: dict[str, Any] = {"tables": {}, "errors": {}}
+        for name in sorted(_table_names(self._db)):
+            try:
+                table = self._db.open_table(name)
+                before = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
+                with self._lock:
+                    table.optimize(cleanup_older_than=timedelta(seconds=keep_s))
+                after = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
+                report["tables"][name] = {"before": before, "after": after}
+            except Exception as exc:  # maintenance is an optimisation; a failure loses nothing
+                report["errors"][name] = " ".join(str(exc).split())[:200]
+        for key in ("versions", "fragments", "bytes"):
+            report[key] = [sum(t["before"][key] for t in report["tables"].values()),
+                           sum(t["after"][key] for t in report["tables"].values())]
+        report["seconds"] = round(time.monotonic() - started, 3)
+        return report
+
     # -- the per-call history (the ledger chart): small rows appended in batches ---------------
     def _calls(self, create: bool) -> Any:
         """The calls table (None when it does not exist and `create` is false); a writer holds `_lock`."""
@@ -805,6 +829,14 @@ def _ensure_text_indexes(table: Any) -> None:
 
 
 # -- damaged stores (doctor.py decides; these read and write the tables) ----------------------
+def _layout(table: Any, folder: Path | None) -> dict[str, int]:
+    """Versions, fragments and bytes on disk (local stores) of one table."""
+    stats = table.stats()
+    size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder is not None else 0
+    return {"versions": len(table.list_versions()), "fragments": int(stats["fragment_stats"]["num_fragments"]),
+            "bytes": size}
+
+
 def _table_names(db: Any) -> set[str]:
     """Every table name (all pages; lancedb's table_names is deprecated and stops at 10)."""
     names: set[str] = set()

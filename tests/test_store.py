@@ -82,3 +82,40 @@ print(before, rows, after, api.__name__)
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "st")], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-800:]
     assert out.stdout.split() == ["False", "['hi']", "True", "TableApi"]
+
+
+def test_optimize_folds_versions_and_fragments_and_loses_nothing(store_dir, tmp_path, monkeypatch, capsys):
+    """Issue 19, table maintenance: `Session.optimize` / `%mfs optimize` compacts small fragments and
+    removes old versions of every table, in the ledger with its effect; never while another kernel
+    holds the compaction lock."""
+    from conftest import FakeLLM
+
+    from mfs_nb import Session
+
+    s = Session("opt", store=store_dir, llm=FakeLLM(prompt_tokens=300))
+    for i in range(25):
+        s.chat(f"turn {i}: keep the pool under {20 + i}")
+    events, payload = s.events, s.send_view().messages
+    notices = s.optimize(keep_s=0.001)
+    assert notices[0].startswith("store optimized in ")
+    row = [r for r in s.ledger() if r["kind"] == "maintenance"][-1]
+    assert row["versions"][1] < row["versions"][0] and row["fragments"][1] < row["fragments"][0]
+    assert row["bytes"][1] < row["bytes"][0] and not row["errors"]
+    again = Session("opt", store=store_dir, llm=FakeLLM())
+    assert again.events == events and again.send_view().messages == payload
+    s.chat("still usable after maintenance")
+    other = Session("opt", store=store_dir, llm=FakeLLM())
+    assert other.compactor._acquire(0.0) is None  # another kernel holds the compaction lock
+    try:
+        assert "was not optimized" in s.optimize(keep_s=0.001)[0]
+    finally:
+        other.compactor._release()
+
+
+def test_mfs_optimize_magic(ip, capsys):
+    ip.run_cell("%%chat\nhello", store_history=True)
+    capsys.readouterr()
+    ip.run_line_magic("mfs", "optimize")
+    assert capsys.readouterr().out.startswith("store optimized in ")
+    ip.run_line_magic("mfs", "optimize now")
+    assert "takes no arguments" in capsys.readouterr().err
