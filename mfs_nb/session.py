@@ -147,8 +147,11 @@ class Session:
         self._meter = Meter.from_json(meta.get("anchor"))
         # the per-call history (the ledger chart) lives in its own table, appended in batches; a store
         # written before that kept it in the saved state
-        self.history: list[dict[str, Any]] = (self.store.load_calls(name, HISTORY)
-                                              or list((meta.get("anchor") or {}).get("history") or []))
+        self.history: list[dict[str, Any]] = self.store.load_calls(name, HISTORY)
+        legacy = list((meta.get("anchor") or {}).get("history") or [])
+        if legacy and not self.history:  # moved to the calls table before the state row is rewritten without it
+            self.store.append_calls(name, legacy, "legacy")
+            self.history = legacy[-HISTORY:]
         self._calls_pending: list[dict[str, Any]] = []
         self._saved_state: str | None = None
         self._breaker: dict[str, Any] | None = (meta.get("anchor") or {}).get("breaker")
@@ -242,7 +245,7 @@ class Session:
 
     def _save_breaker(self, state: dict[str, Any]) -> None:
         self._breaker = state
-        self._save_meta()
+        self._save_meta(force=True)
 
     # -- configuration ---------------------------------------------------------------------
     def configure(self, **values: Any) -> Settings:
@@ -255,7 +258,7 @@ class Session:
             self._saved.update({k: getattr(new, k) for k in values})
             if self._injected_llm is None:
                 self._llm = self._summarizer = None  # rebuilt with the new endpoints on the next call
-            self._save_meta()
+            self._save_meta(force=True)  # another kernel may have written the row since
             return new
 
     def register_tool(self, tool: Tool) -> None:
@@ -432,12 +435,13 @@ class Session:
         return format_hits(found, memory_result_chars(self.profile().effective))
 
     # -- table maintenance ---------------------------------------------------------------------
-    def optimize(self, keep_s: float = 300.0) -> list[str]:
+    def optimize(self, keep_s: float = 86_400.0) -> list[str]:
         """Compact the store's small fragments and remove versions older than `keep_s` seconds
         (`%mfs optimize`). Never while a kernel holds this session's compaction lock (it is taken for
         the duration); its cost and effect are a `maintenance` ledger row."""
         with self._lock:
-            busy = self.compactor._acquire(0.0)
+            busy = ("a background compaction of this session is under way"
+                    if self.compactor.pending is not None or self.compactor.lease.held else self.compactor._acquire(0.0))
             if busy:
                 self._log("skip", reason="locked", trigger="maintenance", detail=busy)
                 return [f"{busy}; the store was not optimized; try again in a moment"]
@@ -684,7 +688,7 @@ class Session:
                 usage = self.usage(view)
         notices += self._act_on_tier(usage)
         entry = {"call": (self.history[-1]["call"] + 1) if self.history else 1, "turn": self.turn,
-                 "tokens": usage.tokens, "tier": usage.tier, "acted": bool(notices)}
+                 "tokens": usage.tokens, "tier": usage.tier, "acted": bool(notices), "at": now_iso()}
         self.history.append(entry)
         if len(self.history) > 2 * HISTORY:
             del self.history[:-HISTORY]  # memory does not grow with the number of calls
@@ -862,6 +866,7 @@ class Session:
                     uids.append(event.uid)
             assert completion is not None
             self._save_meta()  # once per turn: the anchor and the uid high-water mark
+            self._flush_calls()  # and this turn's call rows, in one small append
             after = self.usage()
             ahead = self.compaction_ahead(after)
             if ahead:
@@ -1044,15 +1049,20 @@ class Session:
 
     def _flush_calls(self) -> None:
         pending, self._calls_pending = self._calls_pending, []
-        self.store.append_calls(self.name, pending, self._writer)
+        try:
+            self.store.append_calls(self.name, pending, self._writer)
+        except Exception:
+            self._calls_pending = pending + self._calls_pending  # written with the next batch
+            raise
 
-    def _save_meta(self) -> None:
+    def _save_meta(self, force: bool = False) -> None:
         """The session's state as one small row (settings, the usage anchor, the breaker, the parent,
-        the uid high-water mark), written only when it changed. The call history is not in it."""
+        the uid high-water mark), written when it changed since this kernel wrote it (`force`: always,
+        for changes another kernel's row must not hide). The call history is not in it."""
         anchor = {**self._meter.to_json(), "breaker": self._breaker, "parent": getattr(self, "parent", None),
                   "last_uid": max(self.last_uid, getattr(self, "_saved_last_uid", 0))}
         state = json.dumps([self._saved, anchor], sort_keys=True, default=str)
-        if state == getattr(self, "_saved_state", None):
+        if state == getattr(self, "_saved_state", None) and not force:
             return
         self.store.save_meta(self.name, settings=self._saved, anchor=anchor)
         self._saved_state = state

@@ -482,9 +482,11 @@ class Store:
 
 
     # -- table maintenance (`%mfs optimize`) --------------------------------------------------
-    def maintain(self, keep_s: float = 300.0) -> dict[str, Any]:
-        """Compact every table's small fragments and remove versions older than `keep_s` seconds
-        (a reader or writer still on an older version needs it no longer than that). Returns, per
+    def maintain(self, keep_s: float = 86_400.0) -> dict[str, Any]:
+        """Compact every table's small fragments and remove versions older than `keep_s` seconds (a
+        reader or writer still on an older version, and `mfs-nb doctor`'s salvage, need them no longer
+        than that); on object storage, shared by machines whose clocks may differ, versions are kept
+        for LanceDB's default of 7 days whatever `keep_s` says. Returns, per
         table, versions, fragments and bytes before and after; a table that fails is reported, the
         others go on. Nothing a session reads is changed: only how the tables are laid out."""
         started = time.monotonic()
@@ -494,7 +496,7 @@ class Store:
                 table = self._db.open_table(name)
                 before = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
                 with self._lock:
-                    table.optimize(cleanup_older_than=timedelta(seconds=keep_s))
+                    table.optimize(cleanup_older_than=timedelta(seconds=keep_s) if self.is_local else None)
                 after = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
                 report["tables"][name] = {"before": before, "after": after}
             except Exception as exc:  # maintenance is an optimisation; a failure loses nothing
@@ -533,8 +535,9 @@ class Store:
         if table is None or not table.count_rows():
             return []
         rows = table.search().where(f"session = {_quote(session)}").select(["call", "data"]).limit(None).to_list()
-        rows.sort(key=lambda r: r["call"])
-        return [json.loads(r["data"]) for r in rows[-limit:]]
+        out = [json.loads(r["data"]) for r in rows]
+        out.sort(key=lambda r: (r.get("at", ""), r["call"]))  # kernels number their own calls: by time
+        return out[-limit:]
 
     # -- verbatim track: one classification per user message, written once ------------------
     def save_verdicts(self, session: str, rows: list[dict[str, Any]]) -> None:

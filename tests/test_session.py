@@ -260,5 +260,11 @@ def test_the_saved_state_is_a_small_row_written_only_when_it_changes(store_dir):
     meta = priced.store.load_meta("priced")
     assert "history" not in meta["anchor"] and len(json.dumps(meta)) < 2_000
     again = Session("priced", store=store_dir, llm=FakeLLM())
-    calls = [h["call"] for h in again.history]
-    assert len(calls) >= 40 and calls == sorted(calls) and calls[0] == 1  # batches of 20 survive a restart
+    assert [h["call"] for h in again.history] == list(range(1, 46))  # each turn's rows, appended with the turn
+    # a store written before the calls table kept the history in the state row: it moves, once
+    old = {**meta["anchor"], "last_uid": 0, "history": [{"call": i, "turn": i, "tokens": 10 * i, "tier": "ok", "acted": False}
+                                         for i in range(1, 6)]}
+    priced.store.save_meta("legacy", settings={}, anchor=old)
+    legacy = Session("legacy", store=store_dir, llm=FakeLLM())
+    legacy.chat("after the upgrade")
+    assert [h["call"] for h in Session("legacy", store=store_dir, llm=FakeLLM()).history] == [1, 2, 3, 4, 5, 6]

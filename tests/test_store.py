@@ -104,6 +104,9 @@ def test_optimize_folds_versions_and_fragments_and_loses_nothing(store_dir, tmp_
     again = Session("opt", store=store_dir, llm=FakeLLM())
     assert again.events == events and again.send_view().messages == payload
     s.chat("still usable after maintenance")
+    s.compactor.pending = object()  # this kernel's own background compaction, under way
+    assert "background compaction of this session is under way" in s.optimize(keep_s=0.001)[0]
+    s.compactor.pending = None
     other = Session("opt", store=store_dir, llm=FakeLLM())
     assert other.compactor._acquire(0.0) is None  # another kernel holds the compaction lock
     try:
