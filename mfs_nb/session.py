@@ -14,6 +14,7 @@ import re
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -73,7 +74,7 @@ MAX_MESSAGE_SHARE = 0.5
 _WRITE_ATTEMPTS = 20
 PTL_TRIES = 3
 HISTORY = 2_000  # calls kept for the ledger plot
-CALLS_BATCH = 20  # history rows written together (a crash loses at most these, never a message)
+CALLS_BATCH = 20  # history rows written together; the rest when the session goes (a crash loses at most these)
 KNOWLEDGE_TOOLS = ("remember", "forget")
 
 
@@ -152,7 +153,10 @@ class Session:
         if legacy and not self.history:  # moved to the calls table before the state row is rewritten without it
             self.store.append_calls(name, legacy, "legacy")
             self.history = legacy[-HISTORY:]
+        # the same list object for the life of the session: the finalizer writes what is left in it when
+        # the session is collected or the interpreter exits (a clean restart loses no call rows)
         self._calls_pending: list[dict[str, Any]] = []
+        weakref.finalize(self, _flush_pending_calls, self.store, name, self._calls_pending, self._writer)
         self._saved_state: str | None = None
         self._breaker: dict[str, Any] | None = (meta.get("anchor") or {}).get("breaker")
         # the highest uid this session ever saved state after: a log that ends below it lost rows
@@ -866,7 +870,6 @@ class Session:
                     uids.append(event.uid)
             assert completion is not None
             self._save_meta()  # once per turn: the anchor and the uid high-water mark
-            self._flush_calls()  # and this turn's call rows, in one small append
             after = self.usage()
             ahead = self.compaction_ahead(after)
             if ahead:
@@ -1048,12 +1051,10 @@ class Session:
         return self.store.load_ledger(self.name)
 
     def _flush_calls(self) -> None:
-        pending, self._calls_pending = self._calls_pending, []
-        try:
-            self.store.append_calls(self.name, pending, self._writer)
-        except Exception:
-            self._calls_pending = pending + self._calls_pending  # written with the next batch
-            raise
+        """Append the waiting call rows (a failed write keeps them for the next batch)."""
+        rows = list(self._calls_pending)
+        self.store.append_calls(self.name, rows, self._writer)
+        del self._calls_pending[:len(rows)]
 
     def _save_meta(self, force: bool = False) -> None:
         """The session's state as one small row (settings, the usage anchor, the breaker, the parent,
@@ -1084,6 +1085,15 @@ class Session:
             "breaker": self.compactor.breaker_line(),
             "settings": self.settings.public(),
         }
+
+
+def _flush_pending_calls(store: Store, name: str, pending: list[dict[str, Any]], writer: str) -> None:
+    if pending:
+        try:
+            store.append_calls(name, list(pending), writer)
+            pending.clear()
+        except Exception:  # at exit the store may be gone; the rows are a chart's, never a message
+            pass
 
 
 def shared_prefix_tokens(before: list[dict[str, Any]], after: list[dict[str, Any]],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -259,12 +260,18 @@ def test_the_saved_state_is_a_small_row_written_only_when_it_changes(store_dir):
         priced.chat(f"turn {i}")
     meta = priced.store.load_meta("priced")
     assert "history" not in meta["anchor"] and len(json.dumps(meta)) < 2_000
+    assert len(Session("priced", store=store_dir, llm=FakeLLM()).history) == 40  # two batches of 20 so far
+    store = priced.store
+    del priced
+    gc.collect()  # the session goes (as at a kernel's exit): the 5 rows still waiting are written
     again = Session("priced", store=store_dir, llm=FakeLLM())
-    assert [h["call"] for h in again.history] == list(range(1, 46))  # each turn's rows, appended with the turn
+    assert [h["call"] for h in again.history] == list(range(1, 46))
     # a store written before the calls table kept the history in the state row: it moves, once
     old = {**meta["anchor"], "last_uid": 0, "history": [{"call": i, "turn": i, "tokens": 10 * i, "tier": "ok", "acted": False}
                                          for i in range(1, 6)]}
-    priced.store.save_meta("legacy", settings={}, anchor=old)
+    store.save_meta("legacy", settings={}, anchor=old)
     legacy = Session("legacy", store=store_dir, llm=FakeLLM())
     legacy.chat("after the upgrade")
+    del legacy
+    gc.collect()
     assert [h["call"] for h in Session("legacy", store=store_dir, llm=FakeLLM()).history] == [1, 2, 3, 4, 5, 6]
