@@ -7,6 +7,7 @@ persistence of each event the moment it exists, and the tool loop.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import random
@@ -74,7 +75,7 @@ MAX_MESSAGE_SHARE = 0.5
 _WRITE_ATTEMPTS = 20
 PTL_TRIES = 3
 HISTORY = 2_000  # calls kept for the ledger plot
-CALLS_BATCH = 20  # history rows written together; the rest when the session goes (a crash loses at most these)
+CALLS_BATCH = 20  # history rows written together; the rest at the interpreter's exit (a crash loses at most these)
 KNOWLEDGE_TOOLS = ("remember", "forget")
 
 
@@ -153,10 +154,8 @@ class Session:
         if legacy and not self.history:  # moved to the calls table before the state row is rewritten without it
             self.store.append_calls(name, legacy, "legacy")
             self.history = legacy[-HISTORY:]
-        # the same list object for the life of the session: the finalizer writes what is left in it when
-        # the session is collected or the interpreter exits (a clean restart loses no call rows)
         self._calls_pending: list[dict[str, Any]] = []
-        weakref.finalize(self, _flush_pending_calls, self.store, name, self._calls_pending, self._writer)
+        _LIVE.add(self)  # what is left of the call rows is written when the interpreter exits
         self._saved_state: str | None = None
         self._breaker: dict[str, Any] | None = (meta.get("anchor") or {}).get("breaker")
         # the highest uid this session ever saved state after: a log that ends below it lost rows
@@ -1087,13 +1086,26 @@ class Session:
         }
 
 
-def _flush_pending_calls(store: Store, name: str, pending: list[dict[str, Any]], writer: str) -> None:
-    if pending:
-        try:
-            store.append_calls(name, list(pending), writer)
-            pending.clear()
-        except Exception:  # at exit the store may be gone; the rows are a chart's, never a message
-            pass
+_LIVE: weakref.WeakSet[Session] = weakref.WeakSet()
+
+
+def flush_at_exit(wait_s: float = 3.0) -> None:
+    """Write the call rows every live session still holds. Not from a garbage-collection finalizer:
+    that can run inside a store write of the same thread and wait for its own lock. In a thread of
+    its own, waited for at most `wait_s`: a background write holding the store must not hang the exit."""
+    def flush() -> None:
+        for session in list(_LIVE):
+            try:
+                session._flush_calls()
+            except Exception:  # the rows are a chart's, never a message
+                pass
+
+    worker = threading.Thread(target=flush, daemon=True, name="mfs-exit")
+    worker.start()
+    worker.join(wait_s)
+
+
+atexit.register(flush_at_exit)
 
 
 def shared_prefix_tokens(before: list[dict[str, Any]], after: list[dict[str, Any]],

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import gc
 import json
 
 import pytest
 from conftest import FakeLLM, tool_call, without_budget_note
 
 from mfs_nb import ConfigError, InputError, LLMError, Session
+from mfs_nb.session import flush_at_exit
 
 
 def test_fifty_turns_then_resume_is_byte_identical(store_dir):
@@ -262,8 +262,7 @@ def test_the_saved_state_is_a_small_row_written_only_when_it_changes(store_dir):
     assert "history" not in meta["anchor"] and len(json.dumps(meta)) < 2_000
     assert len(Session("priced", store=store_dir, llm=FakeLLM()).history) == 40  # two batches of 20 so far
     store = priced.store
-    del priced
-    gc.collect()  # the session goes (as at a kernel's exit): the 5 rows still waiting are written
+    flush_at_exit()  # what the interpreter's exit runs: the 5 rows still waiting are written
     again = Session("priced", store=store_dir, llm=FakeLLM())
     assert [h["call"] for h in again.history] == list(range(1, 46))
     # a store written before the calls table kept the history in the state row: it moves, once
@@ -272,6 +271,5 @@ def test_the_saved_state_is_a_small_row_written_only_when_it_changes(store_dir):
     store.save_meta("legacy", settings={}, anchor=old)
     legacy = Session("legacy", store=store_dir, llm=FakeLLM())
     legacy.chat("after the upgrade")
-    del legacy
-    gc.collect()
+    flush_at_exit()
     assert [h["call"] for h in Session("legacy", store=store_dir, llm=FakeLLM()).history] == [1, 2, 3, 4, 5, 6]
