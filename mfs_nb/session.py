@@ -156,6 +156,7 @@ class Session:
             self.history = legacy[-HISTORY:]
         self._calls_pending: list[dict[str, Any]] = []
         _LIVE.add(self)  # what is left of the call rows is written when the interpreter exits
+        _register_exit_flush()
         self._saved_state: str | None = None
         self._breaker: dict[str, Any] | None = (meta.get("anchor") or {}).get("breaker")
         # the highest uid this session ever saved state after: a log that ends below it lost rows
@@ -1049,11 +1050,11 @@ class Session:
         """One row per memory-layer action and failure, oldest first."""
         return self.store.load_ledger(self.name)
 
-    def _flush_calls(self) -> None:
-        """Append the waiting call rows (a failed write keeps them for the next batch)."""
+    def _flush_calls(self, timeout: float | None = None) -> None:
+        """Append the waiting call rows (a failed or timed-out write keeps them for the next batch)."""
         rows = list(self._calls_pending)
-        self.store.append_calls(self.name, rows, self._writer)
-        del self._calls_pending[:len(rows)]
+        if self.store.append_calls(self.name, rows, self._writer, timeout):
+            del self._calls_pending[:len(rows)]
 
     def _save_meta(self, force: bool = False) -> None:
         """The session's state as one small row (settings, the usage anchor, the breaker, the parent,
@@ -1089,23 +1090,26 @@ class Session:
 _LIVE: weakref.WeakSet[Session] = weakref.WeakSet()
 
 
-def flush_at_exit(wait_s: float = 3.0) -> None:
-    """Write the call rows every live session still holds. Not from a garbage-collection finalizer:
-    that can run inside a store write of the same thread and wait for its own lock. In a thread of
-    its own, waited for at most `wait_s`: a background write holding the store must not hang the exit."""
-    def flush() -> None:
-        for session in list(_LIVE):
-            try:
-                session._flush_calls()
-            except Exception:  # the rows are a chart's, never a message
-                pass
-
-    worker = threading.Thread(target=flush, daemon=True, name="mfs-exit")
-    worker.start()
-    worker.join(wait_s)
+_EXIT_HOOK: list[bool] = []
 
 
-atexit.register(flush_at_exit)
+def flush_at_exit(wait_s: float = 1.0) -> None:
+    """Write the call rows every live session still holds. Not from a garbage-collection finalizer
+    (it can run inside a store write of the same thread and wait for its own lock); a store another
+    thread holds for `wait_s` is left alone, so a background write never hangs the exit."""
+    for session in list(_LIVE):
+        try:
+            session._flush_calls(timeout=wait_s)
+        except Exception:  # the rows are a chart's, never a message
+            pass
+
+
+def _register_exit_flush() -> None:
+    """Once, after LanceDB is loaded: exit hooks run last-registered first, so this one writes while
+    LanceDB's own runtime is still up (registered at import, it ran after it and crashed the exit)."""
+    if not _EXIT_HOOK:
+        _EXIT_HOOK.append(True)
+        atexit.register(flush_at_exit)
 
 
 def shared_prefix_tokens(before: list[dict[str, Any]], after: list[dict[str, Any]],

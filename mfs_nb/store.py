@@ -516,18 +516,26 @@ class Store:
             self._calls_table = self._table("calls", CALLS_SCHEMA)
         return self._calls_table
 
-    def append_calls(self, session: str, rows: list[dict[str, Any]], writer: str) -> None:
-        """Insert history rows (`call`, `turn`, `tokens`, `tier`, `acted`) whose keys are new."""
+    def append_calls(self, session: str, rows: list[dict[str, Any]], writer: str,
+                     timeout: float | None = None) -> bool:
+        """Insert history rows (`call`, `turn`, `tokens`, `tier`, `acted`) whose keys are new. With
+        `timeout`, gives up (False) when another thread holds the store that long."""
         if not rows:
-            return
+            return True
         table = [{"key": f"{session}\x1f{int(r['call']):012d}\x1f{writer}", "session": session, "call": int(r["call"]),
                   "data": json.dumps(r, sort_keys=True)} for r in rows]
-        with self._lock, self._writing("calls"):
-            (
-                self._calls(True).merge_insert("key")
-                .when_not_matched_insert_all()
-                .execute(pa.Table.from_pylist(table, schema=CALLS_SCHEMA))
-            )
+        if not self._lock.acquire(timeout=-1 if timeout is None else timeout):
+            return False
+        try:
+            with self._writing("calls"):
+                (
+                    self._calls(True).merge_insert("key")
+                    .when_not_matched_insert_all()
+                    .execute(pa.Table.from_pylist(table, schema=CALLS_SCHEMA))
+                )
+        finally:
+            self._lock.release()
+        return True
 
     def load_calls(self, session: str, limit: int) -> list[dict[str, Any]]:
         """The newest `limit` history rows of a session, oldest first."""
