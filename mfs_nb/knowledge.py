@@ -24,7 +24,6 @@ from .tokens import estimate_tokens
 
 MAX_KEYS = 200  # entries in the slot, whatever their size
 KEY = re.compile(r"^\w[\w .:/@#+-]{0,63}$")
-HEADER = lang.text("knowledge_header")
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 REMEMBER_SCHEMA = {

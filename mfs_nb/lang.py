@@ -90,7 +90,11 @@ def conversation_language(events: Sequence[Any]) -> str | None:
     return "Korean" if hangul > han + kana else "Japanese" if kana > 0.1 * cjk else "Chinese"
 
 
+def translated(language: str | None) -> str:
+    """`language` when this module has its headers, else "" (English)."""
+    return language if language == CHINESE else ""
+
+
 def header_language(events: Sequence[Any]) -> str:
     """The language of a layer's headers for the history `events`: one this module translates to, or ""."""
-    found = conversation_language(events)
-    return found if found == CHINESE else ""
+    return translated(conversation_language(events))

@@ -73,21 +73,16 @@ def parse_uid_range(line: str) -> tuple[int, int | None]:
     return int(m.group(1)), int(m.group(2)) if m.group(2) else None
 
 
-def _split(line: str) -> list[str]:
-    try:
-        return shlex.split(line)
-    except ValueError as exc:  # an unclosed quote
-        raise InputError(f"cannot read the options {line.strip()!r}: {exc}") from None
-
-
-def _split_literal(line: str) -> list[str]:
-    """Words as `_split` gives them, but a backslash is a backslash (`C:\\data`, `\\d+` stay as typed)."""
+def _split(line: str, literal: bool = False) -> list[str]:
+    """Shell-like words; `literal`: a backslash is a backslash (`C:\\data`, `\\d+` stay as typed)."""
     lex = shlex.shlex(line, posix=True)
     lex.whitespace_split = True
-    lex.escape = ""
+    lex.commenters = ""  # as shlex.split: a # is a character, not a comment
+    if literal:
+        lex.escape = ""
     try:
         return list(lex)
-    except ValueError as exc:
+    except ValueError as exc:  # an unclosed quote
         raise InputError(f"cannot read the options {line.strip()!r}: {exc}") from None
 
 
@@ -347,7 +342,7 @@ class MfsMagics(Magics, Configurable):
     def mfs(self, line: str) -> None:
         """Session management: %mfs status | sessions | new NAME | use NAME | fork NAME [focus] | config [key=value …] | pin [key=value …] | unpin KEY … | optimize | ledger | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
         try:
-            words = _split_literal(line) if line.split(None, 1)[:1] == ["pin"] else _split(line)
+            words = _split(line, literal=line.split(None, 1)[:1] == ["pin"])
             command, rest = (words[0], words[1:]) if words else ("status", [])
             handler: Callable[[list[str]], None] | None = getattr(self, f"_mfs_{command}", None)
             if handler is None:

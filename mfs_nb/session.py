@@ -559,7 +559,7 @@ class Session:
         counts = self.token_counts(view)
         changed = bool(row.get("changed") or row.get("removed") or row.get("evicted"))
         miss = sum(counts[1:]) if changed else 0
-        row = {**row, "language": lang.header_language(self._events[-400:])}
+        row = {**row, "language": lang.translated(self.language())}
         self._log("knowledge", by=by, cache_miss_tokens=miss, **row)
         self.knowledge.apply(row)
         notices = []

@@ -11,6 +11,7 @@ placeholder result; a result whose call is not in the payload is sent as a label
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -195,8 +196,6 @@ def project(
     forms = ["full"]
     layers = [Layer("system", None, None, count(system, None, "full"), messages=1)]
     if knowledge:
-        import hashlib
-
         msg = {"role": "user", "content": knowledge}
         messages.append(msg)
         uids.append(None)

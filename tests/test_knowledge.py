@@ -161,10 +161,11 @@ def test_pin_keeps_backslashes_and_braces_as_typed_and_refuses_undecodable_text(
     s.pin("crlf", "a\r\nb")
     assert s.knowledge.entries["crlf"].value == "a\nb"
     ip.user_ns["n"] = 7
-    ip.run_cell(r"%mfs pin data_dir=C:\Users\ana\data pattern=\d+\.csv fmt={n} 'home=$HOME/x'")
+    ip.run_cell(r"%mfs pin data_dir=C:\Users\ana\data pattern=\d+\.csv fmt={n} 'home=$HOME/x' chan=#ops")
     entries = ip.magics_manager.registry["MfsMagics"].get_session().knowledge.entries
     assert {k: e.value for k, e in entries.items()} == {
-        "data_dir": r"C:\Users\ana\data", "pattern": r"\d+\.csv", "fmt": "{n}", "home": "$HOME/x"}
+        "data_dir": r"C:\Users\ana\data", "pattern": r"\d+\.csv", "fmt": "{n}", "home": "$HOME/x",
+        "chan": "#ops"}
 
 
 def test_the_latest_write_of_a_key_wins_across_kernels(store_dir):
