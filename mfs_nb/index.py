@@ -13,10 +13,12 @@ vectors have not reached yet are still found by full text, and the results say s
 
 from __future__ import annotations
 
+import bisect
 import os
 import threading
 import time
 from collections.abc import Sequence
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -357,15 +359,27 @@ class Indexer:
                     if progress["vectors_upto"] < self._last_uid():
                         notices.append(f"vectors cover uids up to {progress['vectors_upto']} of {self._last_uid()}; "
                                        "newer events are found by full text while vectors catch up")
+        # a query that names a date ("in May 2023", "yesterday") is searched once more within the
+        # events written then, and that ranking joins the fusion beside the others
+        for lo, hi in self._spans(query, uid_from, uid_to):
+            inside = S.where(self.s.name, role, lo, hi)
+            if "fts" in ranked:
+                rows = self._fts(query, inside)
+                ranked[f"fts@{lo}-{hi}"] = self._ranking(rows, info, roles, lo, hi, 0.0 if len(rows) < CANDIDATES else None)
+            if "vector" in ranked:
+                found = self._vector(self.model(), query, inside)
+                if found is not None:
+                    ranked[f"vector@{lo}-{hi}"] = self._ranking(found, info, roles, lo, hi)
         notices += self.notices
         names = list(ranked)
-        fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names], weights=[S.WEIGHTS[m] for m in names])
+        fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names],
+                       weights=[S.WEIGHTS[m.split("@")[0]] for m in names])
         seg_texts = self.s.store.index_texts([info[(kd, u)]["key"] for kd, u in
                                               (_item(x) for x, _ in fused[:k]) if kd == "segment"])
         hits: list[Hit] = []
         for key, score in fused[:k]:
             kind, uid = _item(key)
-            via = tuple(m for m in names if (kind, uid) in ranked[m])
+            via = tuple(dict.fromkeys(m.split("@")[0] for m in names if (kind, uid) in ranked[m]))
             if kind == "segment":
                 r = info[(kind, uid)]
                 text = r.get("text") or seg_texts.get(r["key"], "")
@@ -378,6 +392,28 @@ class Indexer:
             hits.append(Hit(uid, e.role, e.turn, round(score, 5), S.snippet(event_text(e), query), kind, uid, via,
                             self._around(uid, neighbours)))
         return Results(hits, notices, tuple(names))
+
+    def _spans(self, query: str, uid_from: int | None, uid_to: int | None) -> list[tuple[int, int]]:
+        """The uid ranges of the events written in the spans of time the query names (search.time_windows),
+        within the search's own range; none that is empty or holds every event searched anyway."""
+        events = self.s.events()
+        newest = _parse_stamp(events[-1].created_at) if events else None
+        windows = S.time_windows(query, datetime.now(timezone.utc).replace(tzinfo=None), newest)
+        if not windows:
+            return []
+        stamps = [e.created_at for e in events]  # uid order is time order, up to a writer's clock skew
+        lo_all = max(uid_from or 1, 1)
+        hi_all = min(uid_to if uid_to is not None else events[-1].uid if events else 0, events[-1].uid if events else 0)
+        out: list[tuple[int, int]] = []
+        for start, end in windows:
+            a = bisect.bisect_left(stamps, start.strftime("%Y-%m-%dT%H:%M:%S"))
+            b = bisect.bisect_left(stamps, end.strftime("%Y-%m-%dT%H:%M:%S"))
+            if a >= b:
+                continue
+            lo, hi = max(events[a].uid, lo_all), min(events[b - 1].uid, hi_all)
+            if lo <= hi and (lo, hi) != (lo_all, hi_all) and (lo, hi) not in out:
+                out.append((lo, hi))
+        return out
 
     def _event(self, uid: int) -> Event | None:
         """The event with this uid, from the session's log in memory (uids are dense from 1)."""
@@ -458,6 +494,14 @@ class Indexer:
         lo, hi = uid - n, uid + n
         return tuple({"uid": e.uid, "role": e.role, "turn": e.turn, "content": e.content}
                      for e in events if lo <= e.uid <= hi)
+
+
+def _parse_stamp(stamp: str) -> datetime | None:
+    """An event's `created_at` (ISO, UTC) as a naive datetime; None when it is missing or odd."""
+    try:
+        return datetime.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")
+    except (TypeError, ValueError):
+        return None
 
 
 def _lower_priority() -> None:

@@ -9,7 +9,10 @@ return; the same functions serve the tool, the magic, the CLI and the benchmark.
   sees a Chinese sentence as one over-long token and drops it);
 - `fuse` is reciprocal-rank fusion of any number of ranked lists;
 - `snippet` is the window of a text around the query's terms;
-- `keywords` are the few topic words a segment header lists, chosen deterministically.
+- `keywords` are the few topic words a segment header lists, chosen deterministically;
+- `time_windows` reads the dates a query names ("in May 2023", "on 8 May, 2023", "2023-05-08",
+  "2023年5月", "yesterday", "last week") as spans of time; the indexer searches the events written
+  in them once more and fuses that ranking with the others.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from datetime import datetime, timedelta
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -248,3 +252,84 @@ def where(session: str, role: str | Sequence[str] | None = None, uid_from: int |
     if uid_to is not None:
         parts.append(f"uid <= {int(uid_to)}")
     return " AND ".join(parts)
+
+
+# -- dates a query names ----------------------------------------------------------------------
+# A conversation reports an event in the days after it happens ("last week I went to ..."), so the
+# span searched for a named day or month runs on past it: a day, 8 days after it; a month or a
+# year, 14 days after its end.
+DAY_AFTER = timedelta(days=8)
+PERIOD_AFTER = timedelta(days=14)
+_MONTHS = {m: i + 1 for i, m in enumerate(
+    "january february march april may june july august september october november december".split())}
+_MONTHS.update({m[:3]: i for m, i in list(_MONTHS.items())} | {"sept": 9})
+_MON = "|".join(sorted(_MONTHS, key=len, reverse=True))
+_ORD = r"(\d{1,2})(?:st|nd|rd|th)?"
+_DATE = re.compile(
+    rf"\b(?:{_ORD}\s+(?:of\s+)?)?({_MON})\.?(?:\s+{_ORD}\b)?(?:(?:,\s*|\s+)(\d{{4}}))?\b"  # 8 May, 2023 / May 8th 2023 / May 2023
+    r"|\b(\d{4})-(\d{2})(?:-(\d{2}))?\b"  # 2023-05-08, 2023-05
+    r"|(\d{4})\s*年\s*(?:(\d{1,2})\s*月\s*(?:(\d{1,2})\s*[日号])?)?"  # 2023年5月8日
+    r"|\b(?:in|during|of|since)\s+((?:19|20)\d\d)\b(?![-/年])",  # in 2023
+    re.IGNORECASE)
+_RELATIVE = {"yesterday": (1, 1), "昨天": (1, 1), "today": (0, 0), "今天": (0, 0),
+             "last week": (13, 7), "上周": (13, 7), "this week": (6, 0), "本周": (6, 0),
+             "last month": (61, 28), "上个月": (61, 28), "this month": (30, 0)}
+_AGO = re.compile(r"\b(\d{1,3}|a|one|two|three)\s+(day|week|month)s?\s+ago\b", re.IGNORECASE)
+_SMALL = {"a": 1, "one": 1, "two": 2, "three": 3}
+
+
+def _span(year: int, month: int | None, day: int | None) -> tuple[datetime, datetime] | None:
+    try:
+        if day and month:
+            start = datetime(year, month, day)
+            return start - timedelta(days=1), start + DAY_AFTER
+        if month:
+            start = datetime(year, month, 1)
+            return start, datetime(year + month // 12, month % 12 + 1, 1) + PERIOD_AFTER
+        return datetime(year, 1, 1), datetime(year + 1, 1, 1) + PERIOD_AFTER
+    except ValueError:  # 31 February and the like
+        return None
+
+
+def _latest(month: int, day: int | None, now: datetime) -> int:
+    """The year of the latest past occurrence of a month (and day) without a year."""
+    return now.year if (month, day or 1) <= (now.month, now.day) else now.year - 1
+
+
+def time_windows(query: str, now: datetime, present: datetime | None = None) -> list[tuple[datetime, datetime]]:
+    """The spans of time a query names, as naive UTC datetimes [start, end), oldest first.
+
+    Recognised: a day or a month with its year in words or ISO form, a day and month without a year
+    (its latest occurrence up to `present`, the conversation's newest moment, default `now`), a
+    Chinese 年/月/日 date, "in 2023", and a few relative phrases (yesterday, last week, three days
+    ago, 昨天, 上周) counted back from `now`, the clock. "May" alone is the verb unless a day or a
+    year comes with it; a bare month without a year is not read."""
+    out: list[tuple[datetime, datetime]] = []
+    for m in _DATE.finditer(query):
+        d1, mon, d2, year, iy, im, idd, cy, cm, cd, y_only = m.groups()
+        span = None
+        if mon:
+            month, day = _MONTHS[mon.lower()], int(d1 or d2 or 0) or None
+            if year:
+                span = _span(int(year), month, day)
+            elif day:
+                span = _span(_latest(month, day, present or now), month, day)
+        elif iy:
+            span = _span(int(iy), int(im), int(idd) if idd else None) if 1 <= int(im) <= 12 else None
+        elif cy:
+            span = _span(int(cy), int(cm) if cm else None, int(cd) if cd else None)
+        elif y_only:
+            span = _span(int(y_only), None, None)
+        if span:
+            out.append(span)
+    low = query.lower()
+    today = datetime(now.year, now.month, now.day)
+    for phrase, (back, upto) in _RELATIVE.items():
+        if phrase in low:
+            out.append((today - timedelta(days=back), today - timedelta(days=upto) + timedelta(days=1)))
+    for m in _AGO.finditer(query):
+        word = m.group(1).lower()
+        n = int(word) if word.isdigit() else _SMALL[word]
+        days = n * {"day": 1, "week": 7, "month": 30}[m.group(2).lower()]
+        out.append((today - timedelta(days=days + max(1, days // 4)), today - timedelta(days=days) + DAY_AFTER))
+    return sorted(set(out))

@@ -67,6 +67,49 @@ def _fts_session(store_dir: str, name: str = "s") -> Session:
     return Session(name, store=store_dir, recall_index=True, embedding_model="off", llm=FakeLLM())
 
 
+def test_time_windows_read_the_dates_a_query_names():
+    from datetime import datetime as dt
+
+    now = dt(2026, 12, 1, 10)
+    assert S.time_windows("Where did we travel in July 2022?", now) == [(dt(2022, 7, 1), dt(2022, 8, 15))]
+    assert S.time_windows("what happened on 8 May, 2023", now) == [(dt(2023, 5, 7), dt(2023, 5, 16))]
+    assert S.time_windows("the photo of December 1,2023", now) == [(dt(2023, 11, 30), dt(2023, 12, 9))]
+    assert S.time_windows("logs of 2023-05-08 and 2024-02", now) == [(dt(2023, 5, 7), dt(2023, 5, 16)),
+                                                                      (dt(2024, 2, 1), dt(2024, 3, 15))]
+    assert S.time_windows("我们2023年5月讨论了什么", now) == [(dt(2023, 5, 1), dt(2023, 6, 15))]
+    assert S.time_windows("what did we decide yesterday?", now) == [(dt(2026, 11, 30), dt(2026, 12, 1))]
+    # a day without a year is its latest occurrence in the conversation's own time
+    assert S.time_windows("when they met on Aug 15th", now, dt(2023, 11, 3)) == [(dt(2023, 8, 14), dt(2023, 8, 23))]
+    # "May" the verb, a bare month, a number that is not a year, an impossible day: no window
+    for q in ("May I ask what the pool size was?", "in March we said", "pool size 2048", "on 31 February 2023",
+              "2023-13-01"):
+        assert S.time_windows(q, now) == [], q
+
+
+def test_a_query_naming_a_month_finds_what_was_said_then(store_dir):
+    from mfs_nb.events import Event
+
+    # the same decision discussed in March and in July; March's turn matches the words better
+    turns = [("2023-03-02T10:00:00.000Z", "user", "Which pool size did we choose for the billing service pool? "
+              "We chose a pool size of 40 for the billing pool."),
+             ("2023-03-02T10:00:01.000Z", "assistant", "Right, 40.")]
+    turns += [(f"2023-0{4 + i // 10}-{1 + i % 10:02d}T09:00:00.000Z", "user", f"unrelated note number {i}")
+              for i in range(30)]
+    turns += [("2023-07-12T10:00:00.000Z", "user", "Pool size for billing: we chose 80 today."),
+              ("2023-07-12T10:00:01.000Z", "assistant", "Noted, 80.")]
+    Store(store_dir).append_events([Event(uid=i + 1, session="s", turn=i + 1, role=r, content=c, turn_start=True,
+                                          created_at=at) for i, (at, r, c) in enumerate(turns)], "test")
+    s = _fts_session(store_dir)
+    s.indexer.catch_up(vectors=False)
+    assert s.search("which pool size did we choose for billing?", 3, methods=("fts",))[0].uid == 1
+    july = s.search("which pool size did we choose for billing in July 2023?", 3, methods=("fts",))
+    assert july[0].uid == 33 and "80" in july[0].snippet and july[0].via == ("fts",)
+    assert 1 in [h.uid for h in july]  # the other month is still found, only ranked lower
+    # a date with no events, or one that covers every event, changes nothing
+    for q in ("which pool size did we choose for billing in July 2031?", "which pool size did we choose in 2023?"):
+        assert s.search(q, 1, methods=("fts",))[0].uid == 1, q
+
+
 def test_index_on_write_and_full_text_in_english_and_chinese(store_dir):
     s = _fts_session(store_dir)
     s.record("user", "The connection pool of the billing service should hold 30 connections", new_turn=True)

@@ -28,6 +28,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from datetime import datetime, timedelta
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -54,13 +55,29 @@ def _name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", text)[:60] or "s"
 
 
-def _write(store: Store, session: str, turns: list[tuple[str, str]]) -> None:
-    """Turns (role, content) as events of one session, one uid and one turn each, in one write."""
+def _write(store: Store, session: str, turns: list[tuple[str, str]], stamps: Sequence[str] = ()) -> None:
+    """Turns (role, content) as events of one session, one uid and one turn each, in one write;
+    `stamps` are the times the turns were written (default: now)."""
     stamp = now_iso()
     events = [Event(uid=i + 1, session=session, turn=i + 1, role=role, content=text, turn_start=True,
-                    created_at=stamp) for i, (role, text) in enumerate(turns)]
+                    created_at=stamps[i] if stamps else stamp) for i, (role, text) in enumerate(turns)]
     for i in range(0, len(events), 5_000):
         store.append_events(events[i:i + 5_000], "bench")
+
+
+def _stamps(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """When each LoCoMo turn was written: its session's date and time ("1:56 pm on 8 May, 2023"),
+    a second apart within a session, as the log's UTC stamps."""
+    out: list[str] = []
+    for m in messages:
+        start = datetime.strptime(" ".join(m["date"].replace(",", "").split()), "%I:%M %p on %d %B %Y")
+        prev = out[-1] if out else ""
+        at = start.strftime("%Y-%m-%dT%H:%M:%S") + ".000Z"
+        if prev[:16] == at[:16] or prev > at:  # same session: a second after the turn before
+            at = (datetime.strptime(prev[:19], "%Y-%m-%dT%H:%M:%S") + timedelta(seconds=1)).strftime(
+                "%Y-%m-%dT%H:%M:%S") + ".000Z"
+        out.append(at)
+    return out
 
 
 def _session(store: Store, name: str, index: bool = True) -> Session:
@@ -111,7 +128,7 @@ def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, 
         messages = conv["messages"][:80] if quick else conv["messages"]
         uid = {m["id"]: i + 1 for i, m in enumerate(messages)}
         name = _name(conv["id"])
-        _write(store, name, [(m["role"], f"{m['speaker']}: {m['content']}") for m in messages])
+        _write(store, name, [(m["role"], f"{m['speaker']}: {m['content']}") for m in messages], _stamps(messages))
         s = _session(store, name, index=False)  # indexed here, in the foreground, at normal priority
         started = time.perf_counter()
         s.indexer.catch_up(batch=FOREGROUND_BATCH, plain=False)
