@@ -94,6 +94,27 @@ class Event:
         }
 
     @classmethod
+    def from_columns(cls, columns: dict[str, list[Any]]) -> list[Event]:
+        """Events from a table's columns (what the store read back): rows it validated when it wrote
+        them, so they are not checked again; a 100k-event log loads in a fraction of `from_row`'s time."""
+        out = []
+        new = object.__new__
+        n = len(columns["uid"])
+        get = {k: columns.get(k) or [None] * n for k in ("origin", "tool_calls", "tool_call_id", "name", "turn_start",
+                                                         "created_at")}
+        for i in range(n):
+            e = new(cls)
+            calls = get["tool_calls"][i]
+            e.__dict__.update(uid=int(columns["uid"][i]), session=columns["session"][i], turn=int(columns["turn"][i]),
+                              role=columns["role"][i], content=columns["content"][i], origin=get["origin"][i] or "",
+                              tool_calls=tuple(json.loads(calls)) if calls else (),
+                              tool_call_id=get["tool_call_id"][i] or "", name=get["name"][i] or "",
+                              turn_start=bool(get["turn_start"][i]), created_at=get["created_at"][i] or "",
+                              sha256=columns["sha256"][i])
+            out.append(e)
+        return out
+
+    @classmethod
     def from_row(cls, row: dict[str, Any]) -> Event:
         calls = tuple(json.loads(row["tool_calls"])) if row.get("tool_calls") else ()
         return cls(

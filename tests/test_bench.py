@@ -111,3 +111,16 @@ def test_verbatim_probe_scoring_and_naive_track():
     naive = verbatim.naive_track(events, 6, 130)
     assert "[#6] message 6" in naive and "[#1]" not in naive  # newest first, within the budget
     assert verbatim.light_edit("Hello there. How are you? Fine.", __import__("random").Random(1))
+
+
+def test_store_suite_measures_a_growing_log_and_maintenance_bounds_its_versions(tmp_path, monkeypatch):
+    from mfs_nb.bench import storebench
+
+    monkeypatch.setattr(storebench, "TURNS", 4)
+    monkeypatch.setattr(storebench, "IMPORT_BATCH", 100)
+    r = storebench.measure(tmp_path, [f"turn text number {i} about the pool" for i in range(50)], 300)
+    assert r["events"] == 300 and r["write_p95_ms"] >= r["write_p50_ms"] > 0 and r["load_s"] > 0
+    assert r["versions"] >= 3 + 2 * 4  # an import batch and then each event of a turn is a version
+    assert r["versions_after"] <= 2 and r["fragments_after"] == 1 and r["mb_after"] < r["mb"]
+    store = storebench.Store(tmp_path / "s300")
+    assert [e.uid for e in store.load_events("big")] == list(range(1, 309))  # 300 imported, 4 turns of 2

@@ -25,8 +25,28 @@ def test_retried_write_is_a_no_op(store_dir):
 def test_no_code_path_updates_or_deletes_events():
     source = (Path(mfs_nb.__file__).parent / "store.py").read_text()
     events_writes = re.findall(r"self\._events\.(\w+)\(", source)
-    assert set(events_writes) <= {"merge_insert", "search", "count_rows", "to_arrow", "optimize"}
+    assert set(events_writes) <= {"merge_insert", "add", "search", "count_rows", "to_arrow", "optimize"}
     assert "when_matched_update_all" not in source.split("def append_events")[1].split("def load_events")[0]
+
+
+def test_a_plain_append_still_refuses_another_writers_uid_and_skips_a_retry(store_dir):
+    from mfs_nb.store import UidConflict
+
+    store = Store(store_dir)
+    names = {c for i in store._events.list_indices() for c in i.columns}
+    assert {"key", "session", "uid"} <= names  # a write and a load look keys and uids up, no scan
+    a = Event(uid=1, session="s", turn=1, role="user", content="mine", turn_start=True, created_at="t")
+    store.append_events([a], writer="w1")
+    versions = store._events.version
+    store.append_events([a], writer="w1")  # a retry: nothing written, not even a new version
+    assert store._events.version == versions
+    b = Event(uid=1, session="s", turn=1, role="user", content="theirs", turn_start=True, created_at="t")
+    try:
+        store.append_events([b, Event(uid=2, session="s", turn=1, role="assistant", content="x", created_at="t")], "w2")
+        raise AssertionError("another writer's uid was taken")
+    except UidConflict:
+        pass
+    assert [(e.uid, e.content) for e in store.load_events("s")] == [(1, "mine")]  # nothing of the refused batch
 
 
 def test_store_uri_from_environment(monkeypatch, tmp_path):

@@ -18,6 +18,7 @@ from . import (
     recall,
     recall_speed,
     sidebyside,
+    storebench,
     tokens,
     ux,
     verbatim,
@@ -26,4 +27,5 @@ from . import (
 SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compaction,
           consolidation.NAME: consolidation,
           verbatim.NAME: verbatim, sidebyside.NAME: sidebyside, ux.NAME: ux,
-          recall.NAME: recall, recall_speed.NAME: recall_speed, notebook.NAME: notebook, qa.NAME: qa}
+          recall.NAME: recall, recall_speed.NAME: recall_speed, notebook.NAME: notebook, storebench.NAME: storebench,
+          qa.NAME: qa}
