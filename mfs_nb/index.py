@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -44,6 +44,9 @@ TEXT_EVENTS = 1_000  # events per full-text write when a backlog is indexed
 IDLE_GRACE_S = 0.1  # after a turn, wait this long before indexing again
 OPTIMIZE_EVERY = 2_000  # text rows between index optimisations
 CANDIDATES = 50  # rows each method contributes to the fusion
+MAX_SPANS = 8  # spans of time one query may name
+LATENT = "#latent"  # the latent terms' watermark is the model's, with this suffix
+LATENT_EVENTS = 8  # events per step when latent terms are filled in for an older store
 
 
 def event_text(e: Event) -> str:
@@ -120,6 +123,8 @@ class Indexer:
         self._rows_since_optimize = 0
         self._queries: dict[tuple[str, str], np.ndarray] = {}  # (model, query) -> vector, bounded
         self._latent_queries: dict[tuple[str, str], Any] = {}  # (model, query) -> latent terms, bounded
+        self._ordered: tuple[int, bool] = (-1, True)  # (events seen, their stamps in time order)
+        self._latent_sync = False  # the latent watermark agrees with the vectors' (set by each catch-up)
         self.failed: str | None = None  # why vectors stopped (the embedder failed); text goes on
         self.latent_failed: str | None = None  # why latent terms stopped; search fuses the other two
         self.notices: list[str] = []
@@ -229,6 +234,9 @@ class Indexer:
         text at a time and waits while a turn runs, before every text and every write."""
         store, name, model_id = self.s.store, self.s.name, embedder.model_id
         upto, seg_upto = store.recall_state(name, model_id)
+        # latent terms are written with the vectors; rows embedded before (an older store, a head that
+        # failed) get theirs first, and only then does the latent watermark follow the vectors'
+        self._latent_sync = self._latent_backfill(embedder, events, segments, turns, (upto, seg_upto))
         new_events = [e for e in events if e.uid > upto]
         before = next((e for e in reversed(events) if e.uid <= upto), None)
         written = 0
@@ -272,13 +280,11 @@ class Indexer:
             if len(pending) < every and rest:
                 continue
             self._yield_to_turn()
-            meta = ("key", "session", "kind", "uid", "uid_to", "turn", "role", "chunk")
-            store.index_latent(model_id, [{k: r[k] for k in meta} | {"terms": t[0], "weights": t[1]}
-                                          for r, _, t in pending if t is not None])
-            store.index_vectors(model_id, [{k: r[k] for k in meta} | {"vector": v.tolist()} for r, v, _ in pending])
+            store.index_latent(model_id, [_latent_row(r, t) for r, _, t in pending if t is not None])
+            store.index_vectors(model_id, [{k: r[k] for k in _META} | {"vector": v.tolist()} for r, v, _ in pending])
             done_rows = [r for r, _, _ in pending]
             written += len(pending)
-            pending = []
+            flushed, pending = pending, []
             # the watermark moves only past uids whose every chunk is written
             done_events = [r["uid"] for r in done_rows if r["kind"] == "event"]
             if done_events:
@@ -289,7 +295,44 @@ class Indexer:
             if done_segs and not any(r["kind"] == "segment" for r in rest):
                 seg_upto = max([seg_upto, *done_segs])
             store.save_recall_state(name, model_id, upto, seg_upto)
+            if self._latent_sync and all(t is not None for r, _, t in flushed if r["chunk"] >= 0):
+                store.save_recall_state(name, model_id + LATENT, upto, seg_upto)
         return written, upto, seg_upto
+
+    def _latent_backfill(self, embedder: Any, events: Sequence[Event], segments: Sequence[Segment],
+                         turns: dict[int, int], vectors: tuple[int, int]) -> bool:
+        """Latent terms for rows whose vectors are stored but whose terms are not (the latent
+        watermark is behind the vectors'), a few events at a time between turns. True when the two
+        watermarks agree afterwards (new rows then move both)."""
+        if getattr(getattr(embedder, "inner", embedder), "latent", None) is None or self.latent_failed:
+            return False
+        store, name, model_id = self.s.store, self.s.name, embedder.model_id
+        upto, seg_upto = store.recall_state(name, model_id + LATENT)
+        todo = [e for e in events if upto < e.uid <= vectors[0]]
+        before = next((e for e in reversed(events) if e.uid <= upto), None)
+        for i in range(0, len(todo), LATENT_EVENTS):
+            if self._stop:
+                return False
+            self._yield_to_turn()
+            step = todo[i:i + LATENT_EVENTS]
+            rows = rows_for_events(step, todo[i - 1] if i else before)
+            terms = self._latent(embedder, rows)
+            if any(t is None for t in terms):
+                return False
+            self._yield_to_turn()
+            store.index_latent(model_id, [_latent_row(r, t) for r, t in zip(rows, terms)])
+            upto = step[-1].uid
+            store.save_recall_state(name, model_id + LATENT, upto, seg_upto)
+        segs = [x for x in segments if seg_upto < x.id <= vectors[1]]
+        rows = [r for x in segs for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
+        if rows:
+            terms = self._latent(embedder, rows)
+            if any(t is None for t in terms):
+                return False
+            store.index_latent(model_id, [_latent_row(r, t) for r, t in zip(rows, terms)])
+        if todo or segs:
+            store.save_recall_state(name, model_id + LATENT, max(upto, vectors[0]), max(seg_upto, vectors[1]))
+        return True
 
     def _latent(self, embedder: Any, rows: list[dict[str, Any]]) -> list[Any]:
         """The latent terms of these rows (None for each when the embedder has none, when it failed
@@ -299,7 +342,10 @@ class Indexer:
             return [None] * len(rows)
         want = [r for r in rows if r["chunk"] >= 0]
         try:
-            found = iter(latent([r["words"] for r in want]) if want else [])
+            terms = list(latent([r["words"] for r in want])) if want else []
+            if len(terms) != len(want):
+                raise ValueError(f"{len(terms)} latent rows for {len(want)} texts")
+            found = iter(terms)
         except Exception as exc:  # the dense vectors and full text still work: say so, lose nothing
             self.latent_failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
             self._note(f"latent terms are unavailable ({self.latent_failed}); search fuses full text and vectors only")
@@ -381,17 +427,19 @@ class Indexer:
                                        "newer events are found by full text while vectors catch up")
         # a query that names a date ("in May 2023", "yesterday") is searched once more within the
         # events written then, and that ranking joins the fusion beside the others
-        for lo, hi in self._spans(query, uid_from, uid_to):
-            inside = S.where(self.s.name, role, lo, hi)
+        spans = self._spans(query, uid_from, uid_to)
+        if spans:  # one more ranking per method, over all the spans at once
+            inside = where + " AND (" + " OR ".join(f"(uid >= {lo} AND uid <= {hi})" for lo, hi in spans) + ")"
+            lo, hi = min(a for a, _ in spans), max(b for _, b in spans)  # where neighbours may come from
             if "fts" in ranked:
                 rows = self._fts(query, inside)
-                ranked[f"fts@{lo}-{hi}"] = self._ranking(rows, info, roles, lo, hi, 0.0 if len(rows) < CANDIDATES else None)
+                ranked["fts@dates"] = self._ranking(rows, info, roles, lo, hi, 0.0 if len(rows) < CANDIDATES else None)
             if "vector" in ranked:
                 found = self._vector(self.model(), query, inside)
                 if found is not None:
-                    ranked[f"vector@{lo}-{hi}"] = self._ranking(found, info, roles, lo, hi)
+                    ranked["vector@dates"] = self._ranking(found, info, roles, lo, hi)
         if "latent" in methods and ranked:
-            latent = self._latent_ranking(query, ranked, info, role, roles, uid_from, uid_to)
+            latent = self._latent_ranking(query, ranked, info, role, roles, uid_from, uid_to, notices)
             if latent is not None:
                 ranked["latent"] = latent
         notices += self.notices
@@ -415,53 +463,83 @@ class Indexer:
                 continue
             hits.append(Hit(uid, e.role, e.turn, round(score, 5), S.snippet(event_text(e), query), kind, uid, via,
                             self._around(uid, neighbours)))
-        return Results(hits, notices, tuple(names))
+        return Results(hits, notices, tuple(dict.fromkeys(m.split("@")[0] for m in names)))
 
     def _latent_ranking(self, query: str, ranked: dict[str, list[tuple[str, int]]],
                         info: dict[tuple[str, int], dict[str, Any]], role: Any, roles: list[str],
-                        uid_from: int | None, uid_to: int | None) -> list[tuple[str, int]] | None:
+                        uid_from: int | None, uid_to: int | None, notices: list[str]
+                        ) -> list[tuple[str, int]] | None:
         """The candidates the other rankings found (and their neighbours) ranked once more by the dot
-        product of their latent terms with the query's: a third, learned view of the same words that
-        re-ranks and never adds a candidate of its own. None when the embedder has no latent terms."""
+        product of their latent terms with the query's: a third, learned view of the same words.
+        None when the embedder has no latent terms, or when some candidate has none stored yet (an
+        older store is filled in the background): a vote for only some of them would tilt the fusion."""
         embedder = self.model()
         latent = getattr(getattr(embedder, "inner", embedder), "latent", None)
         if embedder is None or latent is None or self.latent_failed:
             return None
-        uids = sorted({u + d for lst in ranked.values() for _, u in lst for d in (-1, 0, 1) if u + d > 0})
-        try:
-            key = (embedder.model_id, query)
-            if key not in self._latent_queries:
-                if len(self._latent_queries) > 512:
-                    self._latent_queries.clear()
-                self._latent_queries[key] = latent([query])[0]
-            terms, weights = self._latent_queries[key]
-        except Exception as exc:
-            self.latent_failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-            self._note(f"latent terms are unavailable ({self.latent_failed}); search fuses full text and vectors only")
+        terms = self._query_latent(embedder, latent, query)
+        if terms is None:
+            notices.append("latent terms of the query failed; search fused full text and vectors only")
             return None
-        rows = self.s.store.latent_rows(embedder.model_id, S.where(self.s.name, role, uid_from, uid_to), uids)
-        q = dict(zip(terms, weights))
+        found = {item for name, lst in ranked.items() for item in lst}
+        uids = sorted({u + d for _, u in found for d in (-1, 0, 1) if u + d > 0})
+        try:
+            rows = self.s.store.latent_rows(embedder.model_id, S.where(self.s.name, role, uid_from, uid_to), uids)
+        except Exception as exc:  # a damaged latent table costs the third ranking, not the search
+            notices.append(f"latent terms could not be read ({type(exc).__name__}); search fused full text and vectors")
+            return None
+        have = {(r["kind"], int(r["uid"])) for r in rows}
+        if not rows or any(item not in have for item in found):
+            return None
+        q = dict(zip(*terms))
         scored = [(r, sum(q.get(t, 0.0) * w for t, w in zip(r["terms"], r["weights"]))) for r in rows]
-        return self._ranking(scored, info, roles, uid_from, uid_to, 0.0) if scored else None
+        return self._ranking(scored, info, roles, uid_from, uid_to, 0.0)
+
+    def _query_latent(self, embedder: Any, latent: Any, query: str) -> tuple[list[int], list[float]] | None:
+        """The query's latent terms, kept like its vector; None when they fail (this query only)."""
+        key = (embedder.model_id, query)
+        terms = self._latent_queries.get(key)
+        if terms is None:
+            try:
+                terms = latent([query])[0]
+            except Exception:
+                return None
+            if len(self._latent_queries) > 512:
+                self._latent_queries.clear()
+            self._latent_queries[key] = terms
+        return terms
 
     def _spans(self, query: str, uid_from: int | None, uid_to: int | None) -> list[tuple[int, int]]:
-        """The uid ranges of the events written in the spans of time the query names (search.time_windows),
-        within the search's own range; none that is empty or holds every event searched anyway."""
+        """The uid ranges of the events written in the spans of time the query names (at most
+        MAX_SPANS), within the search's own range; none that is empty or holds every event searched
+        anyway. Dates are read in local time and compared with the events' UTC stamps."""
         events = self.s.events()
-        newest = _parse_stamp(events[-1].created_at) if events else None
-        windows = S.time_windows(query, datetime.now(timezone.utc).replace(tzinfo=None), newest)
+        if not events:
+            return []
+        local = datetime.now().astimezone()
+        offset = local.utcoffset() or timedelta(0)
+        newest = _parse_stamp(events[-1].created_at)
+        windows = S.time_windows(query, local.replace(tzinfo=None), newest + offset if newest else None)
         if not windows:
             return []
-        stamps = [e.created_at for e in events]  # uid order is time order, up to a writer's clock skew
+        stamps = [e.created_at for e in events]
+        ordered = self._ordered
+        if ordered[0] != len(stamps):  # the log is in time order unless a repair stamped a row later
+            ordered = self._ordered = (len(stamps), all(a <= b for a, b in zip(stamps, stamps[1:])))
         lo_all = max(uid_from or 1, 1)
-        hi_all = min(uid_to if uid_to is not None else events[-1].uid if events else 0, events[-1].uid if events else 0)
+        hi_all = min(events[-1].uid, uid_to if uid_to is not None else events[-1].uid)
         out: list[tuple[int, int]] = []
-        for start, end in windows:
-            a = bisect.bisect_left(stamps, start.strftime("%Y-%m-%dT%H:%M:%S"))
-            b = bisect.bisect_left(stamps, end.strftime("%Y-%m-%dT%H:%M:%S"))
-            if a >= b:
+        for start, end in windows[:MAX_SPANS]:
+            start_s = (start - offset).strftime("%Y-%m-%dT%H:%M:%S")
+            end_s = (end - offset).strftime("%Y-%m-%dT%H:%M:%S")
+            if ordered[1]:
+                a, b = bisect.bisect_left(stamps, start_s), bisect.bisect_left(stamps, end_s)
+                inside = [events[a].uid, events[b - 1].uid] if a < b else []
+            else:
+                inside = [e.uid for e in events if start_s <= e.created_at < end_s]
+            if not inside:
                 continue
-            lo, hi = max(events[a].uid, lo_all), min(events[b - 1].uid, hi_all)
+            lo, hi = max(min(inside), lo_all), min(max(inside), hi_all)
             if lo <= hi and (lo, hi) != (lo_all, hi_all) and (lo, hi) not in out:
                 out.append((lo, hi))
         return out
@@ -538,10 +616,14 @@ class Indexer:
         for q, v in zip(queries, np.asarray(embed_query(list(queries)), dtype=np.float32)):
             self._queries[(embedder.model_id, q)] = v
         latent = getattr(inner, "latent", None)
-        if latent is not None and not self.latent_failed:  # and their latent terms
+        if latent is not None and not self.latent_failed:  # and their latent terms (a failure: none kept)
+            try:
+                found = latent(list(queries))
+            except Exception:
+                return
             if len(self._latent_queries) + len(queries) > keep:
                 self._latent_queries.clear()
-            for q, terms in zip(queries, latent(list(queries))):
+            for q, terms in zip(queries, found):
                 self._latent_queries[(embedder.model_id, q)] = terms
 
     def _around(self, uid: int, n: int) -> tuple[dict[str, Any], ...]:
@@ -551,6 +633,13 @@ class Indexer:
         lo, hi = uid - n, uid + n
         return tuple({"uid": e.uid, "role": e.role, "turn": e.turn, "content": e.content}
                      for e in events if lo <= e.uid <= hi)
+
+
+_META = ("key", "session", "kind", "uid", "uid_to", "turn", "role", "chunk")
+
+
+def _latent_row(row: dict[str, Any], terms: tuple[list[int], list[float]]) -> dict[str, Any]:
+    return {k: row[k] for k in _META} | {"terms": terms[0], "weights": terms[1]}
 
 
 def _parse_stamp(stamp: str) -> datetime | None:

@@ -189,6 +189,7 @@ def vectors_table_name(model_id: str) -> str:
 
 # A small table accumulates one fragment per write; compacting now and then keeps reads fast.
 _OPTIMIZE_EVERY = 200
+_OPTIMIZE_ROWS = 1_000  # a write of this many rows is folded in at once
 
 
 class UidConflict(StoreError):
@@ -257,6 +258,8 @@ class Store:
             raise StoreError(_store_problem(self.uri, "", exc)) from exc
         self._lock = threading.Lock()
         self._writes = 0
+        self._events_version: int | None = None  # the events table's version after our last append
+        self._wrote_upto: dict[str, int] = {}  # per session, the highest uid this Store appended
 
     @property
     def root(self) -> Path:
@@ -321,7 +324,11 @@ class Store:
         keys = ", ".join(_quote(r["key"]) for r in rows)
         with self._writing("events"):
             found: dict[str, list[dict[str, Any]]] = {}
-            if self._events.count_rows():
+            # nobody committed since our own last append, and every uid is past those we wrote: the keys
+            # cannot exist, and the look-up (most of a write's time) is skipped
+            fresh = (self._events_version is not None and self._events.version == self._events_version
+                     and all(r["uid"] > self._wrote_upto.get(r["session"], 0) for r in rows))
+            if not fresh and self._events.count_rows():
                 for r in (self._events.search().where(f"key IN ({keys})").select(["key", "writer", "sha256", "created_at"])
                           .limit(None).to_list()):
                     found.setdefault(r["key"], []).append(r)
@@ -332,9 +339,13 @@ class Store:
                     new.append(row)
                 elif have["writer"] != row["writer"] or have["sha256"] != row["sha256"]:
                     raise UidConflict(f"uid {row['uid']} of session {row['session']!r} was written by another kernel")
+            self._events_version = None  # unknown until the append below has committed
             if new:
                 self._events.add(pa.Table.from_pylist(new, schema=EVENTS_SCHEMA))
-        self._after_write()
+            for r in rows:
+                self._wrote_upto[r["session"]] = max(self._wrote_upto.get(r["session"], 0), r["uid"])
+        self._after_write(len(rows))
+        self._events_version = self._events.version
 
     @contextmanager
     def _exclusive(self) -> Iterator[None]:
@@ -375,9 +386,11 @@ class Store:
                     f"uid {row['uid']} of session {row['session']!r} was written by another kernel"
                 )
 
-    def _after_write(self) -> None:
+    def _after_write(self, rows: int = 1) -> None:
+        """Every _OPTIMIZE_EVERY writes, and after a big one (an import, a fork), fold the new rows into
+        the table's fragments and its key/session/uid indexes, so lookups stay index reads."""
         self._writes += 1
-        if self._writes % _OPTIMIZE_EVERY == 0 and self.is_local:
+        if (self._writes % _OPTIMIZE_EVERY == 0 or rows >= _OPTIMIZE_ROWS) and self.is_local:
             try:
                 self._events.optimize()
             except Exception:  # compaction is an optimisation; a failure loses nothing

@@ -81,9 +81,15 @@ def test_time_windows_read_the_dates_a_query_names():
     assert S.time_windows("what did we decide yesterday?", now) == [(dt(2026, 11, 30), dt(2026, 12, 1))]
     # a day without a year is its latest occurrence in the conversation's own time
     assert S.time_windows("when they met on Aug 15th", now, dt(2023, 11, 3)) == [(dt(2023, 8, 14), dt(2023, 8, 23))]
-    # "May" the verb, a bare month, a number that is not a year, an impossible day: no window
-    for q in ("May I ask what the pool size was?", "in March we said", "pool size 2048", "on 31 February 2023",
-              "2023-13-01"):
+    assert S.time_windows("Where was John between Aug 11 and Aug 15 2023?", now) == [
+        (dt(2023, 8, 10), dt(2023, 8, 19)), (dt(2023, 8, 14), dt(2023, 8, 23))]  # the year named once counts for both
+    assert S.time_windows("August 11-15, 2023", now) == [(dt(2023, 8, 10), dt(2023, 8, 23))]
+    assert S.time_windows("on Feb 29", now, dt(2025, 3, 1)) == [(dt(2024, 2, 28), dt(2024, 3, 8))]
+    # "May" the verb, a number beside a month word, a version, a bare month, a number that is not a year,
+    # an impossible day, a year past what datetime holds: no window
+    for q in ("May I ask what the pool size was?", "Python 3 may be faster", "Python 3.11 May break this",
+              "step 2 may fail", "the jan 2 release", "in March we said", "pool size 2048", "a batch of 2024 rows",
+              "on 31 February 2023", "2023-13-01", "valid until 9999-12-31", "9999年12月31日", "15th", "3.11"):
         assert S.time_windows(q, now) == [], q
 
 
@@ -268,6 +274,37 @@ def test_latent_terms_rerank_what_the_other_methods_found(store_dir, monkeypatch
     assert [h.uid for h in s.search("pool", 4, methods=("fts", "latent"), uid_from=3)] == [3, 4]  # filters hold
     with pytest.raises(InputError, match="latent only beside them"):
         s.search(query, 2, methods=("latent",))
+
+
+def test_an_older_stores_rows_get_latent_terms_before_they_vote(store_dir, monkeypatch):
+    s = _fts_session(store_dir)
+    plain = _Embedder()  # the same model id, no latent terms: a store indexed before they existed
+    monkeypatch.setattr(s.indexer, "model", lambda: plain)
+    _pools(s)
+    s.indexer.catch_up()
+    assert s.store.recall_state("s", "fake/8d")[0] == 4 and s.store._recall_latent("fake/8d") is None
+    emb = _LatentEmbedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    assert s.search("invoice pool size", 2).methods == ("fts", "vector")  # none stored yet: no third vote
+    s.record("user", "and the invoice pool for payroll?", new_turn=True)
+    s.indexer.catch_up()  # the four older rows are filled in, then the new one moves both watermarks
+    assert s.store.recall_state("s", "fake/8d#latent")[0] == 5
+    assert sorted(r["uid"] for r in s.store._recall_latent("fake/8d").search().limit(None).to_list()) == [1, 2, 3, 4, 5]
+    assert s.search("invoice pool size", 2).methods == ("fts", "vector", "latent")
+
+
+def test_a_query_whose_latent_terms_fail_is_answered_by_the_other_two(store_dir, monkeypatch):
+    s = _fts_session(store_dir)
+    emb = _LatentEmbedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    _pools(s)
+    s.indexer.catch_up()
+    real = emb.latent
+    monkeypatch.setattr(emb, "latent", lambda texts: real(texts) if "boom" not in texts[0] else 1 / 0)
+    failed = s.search("boom billing pool", 2)
+    assert failed.methods == ("fts", "vector") and failed[0].uid == 3
+    assert any("latent terms of the query failed" in n for n in failed.notices)
+    assert s.search("invoice pool size", 2).methods == ("fts", "vector", "latent")  # one query, not the session
 
 
 def test_a_failing_latent_head_leaves_vectors_and_full_text(store_dir, monkeypatch):

@@ -47,6 +47,16 @@ def test_a_plain_append_still_refuses_another_writers_uid_and_skips_a_retry(stor
     except UidConflict:
         pass
     assert [(e.uid, e.content) for e in store.load_events("s")] == [(1, "mine")]  # nothing of the refused batch
+    # another kernel (its own Store) appends uid 2; ours, unaware, tries uid 2 next: refused, not duplicated
+    other = Store(store_dir)
+    other.append_events([Event(uid=2, session="s", turn=2, role="user", content="theirs", created_at="t")], "w3")
+    try:
+        store.append_events([Event(uid=2, session="s", turn=2, role="user", content="mine too", created_at="t")], "w1")
+        raise AssertionError("a uid another kernel holds was appended again")
+    except UidConflict:
+        pass
+    store.append_events([Event(uid=3, session="s", turn=3, role="user", content="next", created_at="t")], "w1")
+    assert [(e.uid, e.content) for e in other.load_events("s")] == [(1, "mine"), (2, "theirs"), (3, "next")]
 
 
 def test_store_uri_from_environment(monkeypatch, tmp_path):
