@@ -189,7 +189,6 @@ def vectors_table_name(model_id: str) -> str:
 
 # A small table accumulates one fragment per write; compacting now and then keeps reads fast.
 _OPTIMIZE_EVERY = 200
-_OPTIMIZE_ROWS = 1_000  # a write of this many rows is folded in at once
 
 
 class UidConflict(StoreError):
@@ -344,7 +343,7 @@ class Store:
                 self._events.add(pa.Table.from_pylist(new, schema=EVENTS_SCHEMA))
             for r in rows:
                 self._wrote_upto[r["session"]] = max(self._wrote_upto.get(r["session"], 0), r["uid"])
-        self._after_write(len(rows))
+        self._after_write()
         self._events_version = self._events.version
 
     @contextmanager
@@ -386,11 +385,13 @@ class Store:
                     f"uid {row['uid']} of session {row['session']!r} was written by another kernel"
                 )
 
-    def _after_write(self, rows: int = 1) -> None:
-        """Every _OPTIMIZE_EVERY writes, and after a big one (an import, a fork), fold the new rows into
-        the table's fragments and its key/session/uid indexes, so lookups stay index reads."""
+    def _after_write(self) -> None:
+        """Every _OPTIMIZE_EVERY writes, fold the new rows into the table's fragments and its
+        key/session/uid indexes (rows written since are scanned: a few hundred at most). Not after
+        each big write: `optimize` also merges the fragments, and an import of 100k events in
+        batches of 5,000 then rewrote the table 20 times (177 MB of versions for 15 MB of text)."""
         self._writes += 1
-        if (self._writes % _OPTIMIZE_EVERY == 0 or rows >= _OPTIMIZE_ROWS) and self.is_local:
+        if self._writes % _OPTIMIZE_EVERY == 0 and self.is_local:
             try:
                 self._events.optimize()
             except Exception:  # compaction is an optimisation; a failure loses nothing

@@ -130,10 +130,11 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
              "rows": disk},
         ],
         "notes": [
-            "the history is written as an import writes it (5,000 events a batch, each folded into the table's "
-            "indexes after it is written); the turns after it as a chat writes them: each event durable before "
-            "`record` returns (a plain append under the store's lock file, its keys looked up first in the BTree "
-            "index on key; rows written since the last fold, at most 200 writes, are scanned)",
+            "the history is written as an import writes it (5,000 events a batch); the turns after it as a chat "
+            "writes them: each event durable before `record` returns (a plain append under the store's lock file; "
+            "its keys are looked up in the BTree index on key only when another writer committed since this "
+            "store's last append or a uid is not new; rows written since the last fold into the indexes, every "
+            "200 writes, are scanned)",
             "BTree indexes on the log's key, session and uid; Session() reads the session's rows column-wise",
             "text is LoCoMo turns repeated; recall and projection are medians of 10 and 3 runs",
             "not measured yet (issue 19): the store on object storage, several writers, 5,000 chats in one session",
