@@ -253,12 +253,18 @@ def _pools(s: Session) -> None:
     s.record("assistant", "noted")
 
 
-def test_latent_terms_rerank_what_the_other_methods_found(store_dir, monkeypatch):
+def _indexed_pools(store_dir: str, monkeypatch: pytest.MonkeyPatch, emb: _Embedder) -> Session:
+    """A session of the two pool decisions, indexed with `emb`."""
     s = _fts_session(store_dir)
-    emb = _LatentEmbedder()
     monkeypatch.setattr(s.indexer, "model", lambda: emb)
     _pools(s)
     s.indexer.catch_up()
+    return s
+
+
+def test_latent_terms_rerank_what_the_other_methods_found(store_dir, monkeypatch):
+    emb = _LatentEmbedder()
+    s = _indexed_pools(store_dir, monkeypatch, emb)
     table = s.store._recall_latent("fake/8d")
     rows = {r["uid"]: r for r in table.search().limit(None).to_list()}
     assert sorted(rows) == [1, 2, 3, 4] and 7 in rows[3]["terms"] and 7 not in rows[1]["terms"]
@@ -277,11 +283,7 @@ def test_latent_terms_rerank_what_the_other_methods_found(store_dir, monkeypatch
 
 
 def test_an_older_stores_rows_get_latent_terms_before_they_vote(store_dir, monkeypatch):
-    s = _fts_session(store_dir)
-    plain = _Embedder()  # the same model id, no latent terms: a store indexed before they existed
-    monkeypatch.setattr(s.indexer, "model", lambda: plain)
-    _pools(s)
-    s.indexer.catch_up()
+    s = _indexed_pools(store_dir, monkeypatch, _Embedder())  # the same model id, no latent terms: an older store
     assert s.store.recall_state("s", "fake/8d")[0] == 4 and s.store._recall_latent("fake/8d") is None
     emb = _LatentEmbedder()
     monkeypatch.setattr(s.indexer, "model", lambda: emb)
@@ -294,11 +296,8 @@ def test_an_older_stores_rows_get_latent_terms_before_they_vote(store_dir, monke
 
 
 def test_a_query_whose_latent_terms_fail_is_answered_by_the_other_two(store_dir, monkeypatch):
-    s = _fts_session(store_dir)
     emb = _LatentEmbedder()
-    monkeypatch.setattr(s.indexer, "model", lambda: emb)
-    _pools(s)
-    s.indexer.catch_up()
+    s = _indexed_pools(store_dir, monkeypatch, emb)
     real = emb.latent
     monkeypatch.setattr(emb, "latent", lambda texts: real(texts) if "boom" not in texts[0] else 1 / 0)
     failed = s.search("boom billing pool", 2)
@@ -308,11 +307,7 @@ def test_a_query_whose_latent_terms_fail_is_answered_by_the_other_two(store_dir,
 
 
 def test_a_failing_latent_head_leaves_vectors_and_full_text(store_dir, monkeypatch):
-    s = _fts_session(store_dir)
-    emb = _LatentEmbedder(fail_latent=True)
-    monkeypatch.setattr(s.indexer, "model", lambda: emb)
-    _pools(s)
-    s.indexer.catch_up()
+    s = _indexed_pools(store_dir, monkeypatch, _LatentEmbedder(fail_latent=True))
     assert s.store.recall_state("s", "fake/8d")[0] == 4  # the vectors are written all the same
     assert s.store._recall_latent("fake/8d") is None
     found = s.search("billing pool", 2)
