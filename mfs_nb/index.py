@@ -280,8 +280,9 @@ class Indexer:
             if len(pending) < every and rest:
                 continue
             self._yield_to_turn()
-            store.index_latent(model_id, [_latent_row(r, t) for r, _, t in pending if t is not None])
-            store.index_vectors(model_id, [{k: r[k] for k in _META} | {"vector": v.tolist()} for r, v, _ in pending])
+            store.index_latent(model_id, [latent_row(r, t) for r, _, t in pending if t is not None])
+            store.index_vectors(model_id, [{k: r[k] for k in INDEX_FIELDS} | {"vector": v.tolist()}
+                                           for r, v, _ in pending])
             done_rows = [r for r, _, _ in pending]
             written += len(pending)
             flushed, pending = pending, []
@@ -304,7 +305,7 @@ class Indexer:
         """Latent terms for rows whose vectors are stored but whose terms are not (the latent
         watermark is behind the vectors'), a few events at a time between turns. True when the two
         watermarks agree afterwards (new rows then move both)."""
-        if getattr(getattr(embedder, "inner", embedder), "latent", None) is None or self.latent_failed:
+        if _latent_of(embedder) is None or self.latent_failed:
             return False
         store, name, model_id = self.s.store, self.s.name, embedder.model_id
         upto, seg_upto = store.recall_state(name, model_id + LATENT)
@@ -320,7 +321,7 @@ class Indexer:
             if any(t is None for t in terms):
                 return False
             self._yield_to_turn()
-            store.index_latent(model_id, [_latent_row(r, t) for r, t in zip(rows, terms)])
+            store.index_latent(model_id, [latent_row(r, t) for r, t in zip(rows, terms)])
             upto = step[-1].uid
             store.save_recall_state(name, model_id + LATENT, upto, seg_upto)
         segs = [x for x in segments if seg_upto < x.id <= vectors[1]]
@@ -329,7 +330,7 @@ class Indexer:
             terms = self._latent(embedder, rows)
             if any(t is None for t in terms):
                 return False
-            store.index_latent(model_id, [_latent_row(r, t) for r, t in zip(rows, terms)])
+            store.index_latent(model_id, [latent_row(r, t) for r, t in zip(rows, terms)])
         if todo or segs:
             store.save_recall_state(name, model_id + LATENT, max(upto, vectors[0]), max(seg_upto, vectors[1]))
         return True
@@ -337,7 +338,7 @@ class Indexer:
     def _latent(self, embedder: Any, rows: list[dict[str, Any]]) -> list[Any]:
         """The latent terms of these rows (None for each when the embedder has none, when it failed
         once, and for the user messages' plain rows, which only the verbatim track reads)."""
-        latent = getattr(getattr(embedder, "inner", embedder), "latent", None)
+        latent = _latent_of(embedder)
         if latent is None or self.latent_failed:
             return [None] * len(rows)
         want = [r for r in rows if r["chunk"] >= 0]
@@ -474,7 +475,7 @@ class Indexer:
         None when the embedder has no latent terms, or when some candidate has none stored yet (an
         older store is filled in the background): a vote for only some of them would tilt the fusion."""
         embedder = self.model()
-        latent = getattr(getattr(embedder, "inner", embedder), "latent", None)
+        latent = _latent_of(embedder)
         if embedder is None or latent is None or self.latent_failed:
             return None
         terms = self._query_latent(embedder, latent, query)
@@ -615,7 +616,7 @@ class Indexer:
             self._queries.clear()
         for q, v in zip(queries, np.asarray(embed_query(list(queries)), dtype=np.float32)):
             self._queries[(embedder.model_id, q)] = v
-        latent = getattr(inner, "latent", None)
+        latent = _latent_of(embedder)
         if latent is not None and not self.latent_failed:  # and their latent terms (a failure: none kept)
             try:
                 found = latent(list(queries))
@@ -635,11 +636,16 @@ class Indexer:
                      for e in events if lo <= e.uid <= hi)
 
 
-_META = ("key", "session", "kind", "uid", "uid_to", "turn", "role", "chunk")
+INDEX_FIELDS = ("key", "session", "kind", "uid", "uid_to", "turn", "role", "chunk")
 
 
-def _latent_row(row: dict[str, Any], terms: tuple[list[int], list[float]]) -> dict[str, Any]:
-    return {k: row[k] for k in _META} | {"terms": terms[0], "weights": terms[1]}
+def _latent_of(embedder: Any) -> Any:
+    """The embedder's latent-terms function (through a caching wrapper), or None when it has none."""
+    return getattr(getattr(embedder, "inner", embedder), "latent", None)
+
+
+def latent_row(row: dict[str, Any], terms: tuple[list[int], list[float]]) -> dict[str, Any]:
+    return {k: row[k] for k in INDEX_FIELDS} | {"terms": terms[0], "weights": terms[1]}
 
 
 def _parse_stamp(stamp: str) -> datetime | None:

@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from datetime import datetime, timedelta
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from .errors import InputError
@@ -261,8 +261,8 @@ def where(session: str, role: str | Sequence[str] | None = None, uid_from: int |
 # year, 14 days after its end.
 DAY_AFTER = timedelta(days=8)
 PERIOD_AFTER = timedelta(days=14)
-_MONTHS = {m: i + 1 for i, m in enumerate(
-    "january february march april may june july august september october november december".split())}
+_MONTHS = {m: i + 1 for i, m in enumerate(["january", "february", "march", "april", "may", "june", "july",
+                                             "august", "september", "october", "november", "december"])}
 _MONTHS.update({m[:3]: i for m, i in list(_MONTHS.items())} | {"sept": 9})
 _MON = "|".join(sorted(_MONTHS, key=len, reverse=True))
 _ORD = r"(\d{1,2})(st|nd|rd|th)?"

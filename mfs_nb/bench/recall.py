@@ -29,8 +29,8 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
-from datetime import datetime, timedelta
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ import numpy as np
 from .. import search as S
 from ..embed import LATENT_TERMS
 from ..events import Event
-from ..index import rows_for_events
+from ..index import INDEX_FIELDS, latent_row, rows_for_events
 from ..llm import Completion
 from ..session import Session
 from ..store import ANN_MIN_ROWS, Store, now_iso
@@ -211,12 +211,11 @@ def latency(data: Data, root: Path, sizes: tuple[int, ...]) -> list[dict[str, An
             store.index_text(rows)
             vecs = rng.standard_normal((len(rows), 384)).astype(np.float32)
             vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-            meta = ("key", "session", "kind", "uid", "uid_to", "turn", "role", "chunk")
-            store.index_vectors(embedder.model_id, [{k: r[k] for k in meta} | {"vector": v}
+            store.index_vectors(embedder.model_id, [{k: r[k] for k in INDEX_FIELDS} | {"vector": v}
                                                      for r, v in zip(rows, vecs.tolist())])
             terms = rng.integers(0, 16_384, (len(rows), LATENT_TERMS), dtype=np.int32)  # random latent terms too
             weights = np.sort(rng.random((len(rows), LATENT_TERMS), dtype=np.float32), axis=1)[:, ::-1]
-            store.index_latent(embedder.model_id, [{k: r[k] for k in meta} | {"terms": t, "weights": w}
+            store.index_latent(embedder.model_id, [latent_row(r, (t, w))
                                                    for r, t, w in zip(rows, terms.tolist(), weights.tolist())])
         store.save_recall_state("big", "", n, 0)
         store.save_recall_state("big", embedder.model_id, n, 0)

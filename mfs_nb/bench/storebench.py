@@ -26,17 +26,13 @@ from ..events import Event
 from ..session import Session
 from ..store import Store, _layout, now_iso
 from .data import Data
+from .recall import _pct
 
 NAME = "store"
 NEEDS = ("locomo",)
 SIZES = (1_000, 10_000, 100_000)
 TURNS = 40
 IMPORT_BATCH = 5_000
-
-
-def _pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(p * (len(ordered) - 1))))]
 
 
 def _session(store: Store) -> Session:
