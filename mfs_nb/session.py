@@ -408,7 +408,7 @@ class Session:
             ledger = self.ledger()
         first = events[0].created_at if events else ""
         header = (f"# mfs_nb session `{self.name}`\n\n"
-                  f"Exported {now_iso()} from the store at `{self.store.root}` · model `{self.settings.model}` · "
+                  f"Exported {now_iso()} from the store at `{self.store.uri}` · model `{self.settings.model}` · "
                   f"window {self.window:,} tokens · {len(events)} events"
                   + (f" (uids 1–{events[-1].uid}, from {first})" if events else "")
                   + f" · {len(declared)} declarations · {len(ledger)} ledger rows.\n\n"
@@ -843,40 +843,48 @@ class Session:
                     f"{self.settings.model} needs {missing} in the environment (keys are never saved); "
                     "set it and re-run, or use `%mfs config model=mfs-offline/default`"
                 )
-            user = self.record_user(text, quote=quote, attached=attached, own=own, notices=notices, origin=origin)
-            uids = [user.uid]
-            schemas = self._tool_schemas()
-            completion: Completion | None = None
-            for round_no in range(self.settings.max_tool_rounds + 1):
-                plan = self.prepare_call()
-                notices.extend(plan.notices)
-                last_round = round_no == self.settings.max_tool_rounds
-                try:
-                    completion, sent = self._call_with_ptl_retry(plan, None if last_round else (schemas or None),
-                                                                 stream, on_delta, on_reset, notices)
-                except MfsError as exc:
-                    self._log("failure", tier=plan.usage.tier, error=redact(str(exc)), uid=user.uid)
-                    raise
-                notices.extend(self.observe_usage(sent, completion.usage))
-                assistant = self.record("assistant", completion.text, tool_calls=completion.tool_calls or None)
-                uids.append(assistant.uid)
-                if not completion.tool_calls:
-                    break
-                for call in completion.tool_calls:
-                    fn = call.get("function") or {}
+            user: Event | None = None
+            try:
+                user = self.record_user(text, quote=quote, attached=attached, own=own, notices=notices, origin=origin)
+                uids = [user.uid]
+                schemas = self._tool_schemas()
+                completion: Completion | None = None
+                for round_no in range(self.settings.max_tool_rounds + 1):
+                    plan = self.prepare_call()
+                    notices.extend(plan.notices)
+                    last_round = round_no == self.settings.max_tool_rounds
                     try:
-                        result = call_tool(self.tools, fn.get("name", ""), fn.get("arguments", ""))
-                    except Exception as exc:  # pairing never breaks: every call gets a result event
-                        result = f"error: the tool call could not be executed ({type(exc).__name__})"
-                    event = self.record("tool", result, tool_call_id=call["id"], name=fn.get("name", ""))
-                    uids.append(event.uid)
-            assert completion is not None
-            self._save_meta()  # once per turn: the anchor and the uid high-water mark
-            after = self.usage()
-            ahead = self.compaction_ahead(after)
-            if ahead:
-                notices.append(ahead)
-            return Reply(completion.text, after, completion.usage, notices, uids, completion.endpoint)
+                        completion, sent = self._call_with_ptl_retry(plan, None if last_round else (schemas or None),
+                                                                     stream, on_delta, on_reset, notices)
+                    except MfsError as exc:
+                        self._log("failure", tier=plan.usage.tier, error=redact(str(exc)), uid=user.uid)
+                        raise
+                    notices.extend(self.observe_usage(sent, completion.usage))
+                    assistant = self.record("assistant", completion.text, tool_calls=completion.tool_calls or None)
+                    uids.append(assistant.uid)
+                    if not completion.tool_calls:
+                        break
+                    for call in completion.tool_calls:
+                        fn = call.get("function") or {}
+                        try:
+                            result = call_tool(self.tools, fn.get("name", ""), fn.get("arguments", ""))
+                        except Exception as exc:  # pairing never breaks: every call gets a result event
+                            result = f"error: the tool call could not be executed ({type(exc).__name__})"
+                        event = self.record("tool", result, tool_call_id=call["id"], name=fn.get("name", ""))
+                        uids.append(event.uid)
+                assert completion is not None
+                self._save_meta()  # once per turn: the anchor and the uid high-water mark
+                after = self.usage()
+                ahead = self.compaction_ahead(after)
+                if ahead:
+                    notices.append(ahead)
+                return Reply(completion.text, after, completion.usage, notices, uids, completion.endpoint)
+            except StoreError as exc:  # the store went away mid-turn: say what was kept
+                kept = (f"your message was saved as uid {user.uid}, the reply was not: re-run the cell to ask again"
+                        if user is not None else
+                        "nothing of this turn was saved (your message is still in the cell): re-run it when the "
+                        "store is reachable")
+                raise StoreError(f"{exc}; {kept}") from exc
 
     def budget_note(self, usage: Usage) -> str:
         """The model's own view of its budget (`show_budget`): one line at the tail of the request."""
@@ -974,12 +982,12 @@ class Session:
             raise InputError("a message is either --quote or --own, not both")
         if quote and not split_quote(text)[0]:
             raise InputError("--quote: nothing to quote above the --- line; paste the AI output first")
-        root = self.store.root
+        files = self.store.files
         if attached:
             budget = int(self.profile().effective * MAX_MESSAGE_SHARE) - estimate_tokens(text) - 200
             blocks, snaps = [], []
             for name, body in attached:
-                snap = snapshots.write(root, body, name)
+                snap = snapshots.write(files, body, name)
                 snaps.append(snap.to_json())
                 inline = body
                 size = estimate_tokens(body)
@@ -1003,7 +1011,7 @@ class Session:
             kind = QUOTE_NOTE if note else QUOTE
             return text, Verdict(kind, "explicit", text if note else "", source, 0.0, len(text), first_line(pasted))
         if looks_like_document(text) and best_overlap(text, recent) is None:
-            snap = snapshots.write(root, text, "paste")
+            snap = snapshots.write(files, text, "paste")
             notices.append(f"your {len(text):,}-char paste looks like a document: it is saved as {snap.path}; once it "
                            "leaves the recent tail the model keeps a pointer to it (use --own if these are your own words)")
             return text, Verdict(DOCUMENT, "explicit", "", None, 0.0, len(text), snap.first_line, (snap.to_json(),))

@@ -19,6 +19,7 @@ import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from .errors import InputError
 from .origin import first_line
@@ -56,15 +57,31 @@ def snapshot_path(sha256: str, name: str) -> str:
     return f"{DIR}/{sha256[:16]}-{safe_name(name)}.md"
 
 
-def write(root: str | os.PathLike[str], text: str, name: str) -> Snapshot:
-    """Store `text` (UTF-8) under its content address; an existing file is left untouched."""
-    data = text.encode("utf-8")
-    sha = hashlib.sha256(data).hexdigest()
-    rel = snapshot_path(sha, name)
-    target = Path(root) / rel
-    if target.exists():
-        os.utime(target)  # imported again: its grace period starts over
-    else:
+class Files(Protocol):
+    """Where a store keeps its snapshots: a folder beside a local store's tables (`Folder`), a table of
+    the store itself on object storage (`store.TableFiles`), so nothing is kept on one machine only."""
+
+    def exists(self, rel: str) -> bool: ...
+    def touch(self, rel: str) -> None: ...
+    def put(self, rel: str, data: bytes) -> None: ...
+    def listing(self) -> list[tuple[str, int, float]]: ...  # (rel, bytes, mtime) under DIR
+    def remove(self, rel: str) -> None: ...
+
+
+class Folder:
+    """Snapshots as read-only files under a local folder."""
+
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root)
+
+    def exists(self, rel: str) -> bool:
+        return (self.root / rel).exists()
+
+    def touch(self, rel: str) -> None:
+        os.utime(self.root / rel)
+
+    def put(self, rel: str, data: bytes) -> None:
+        target = self.root / rel
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
         try:
@@ -75,6 +92,35 @@ def write(root: str | os.PathLike[str], text: str, name: str) -> Snapshot:
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
+
+    def listing(self) -> list[tuple[str, int, float]]:
+        folder = self.root / DIR
+        if not folder.is_dir():
+            return []
+        out = []
+        for f in sorted(folder.glob("*.md")):
+            stat = f.stat()
+            out.append((f"{DIR}/{f.name}", stat.st_size, stat.st_mtime))
+        return out
+
+    def remove(self, rel: str) -> None:
+        (self.root / rel).unlink()
+
+
+def _files(place: str | os.PathLike[str] | Files) -> Files:
+    return Folder(place) if isinstance(place, (str, os.PathLike)) else place
+
+
+def write(place: str | os.PathLike[str] | Files, text: str, name: str) -> Snapshot:
+    """Store `text` (UTF-8) under its content address; an existing snapshot is left untouched."""
+    files = _files(place)
+    data = text.encode("utf-8")
+    sha = hashlib.sha256(data).hexdigest()
+    rel = snapshot_path(sha, name)
+    if files.exists(rel):
+        files.touch(rel)  # imported again: its grace period starts over
+    else:
+        files.put(rel, data)
     return Snapshot(rel, sha, len(text), first_line(text))
 
 
@@ -110,23 +156,19 @@ def referenced_in(texts: Iterable[str]) -> set[str]:
     return found
 
 
-def collect(root: str | os.PathLike[str], referenced: set[str], *, dry_run: bool = False,
+def collect(place: str | os.PathLike[str] | Files, referenced: set[str], *, dry_run: bool = False,
             grace_s: float = GRACE_S, now: float | None = None) -> list[tuple[str, int]]:
     """Snapshots that nothing references and that are older than the grace period, removed
     unless `dry_run`. Returns (path, bytes) of each."""
-    folder = Path(root) / DIR
-    if not folder.is_dir():
-        return []
+    files = _files(place)
     now = time.time() if now is None else now
     gone: list[tuple[str, int]] = []
-    for f in sorted(folder.glob("*.md")):
-        rel = f"{DIR}/{f.name}"
-        stat = f.stat()
-        if rel in referenced or now - stat.st_mtime < grace_s:
+    for rel, size, mtime in files.listing():
+        if rel in referenced or now - mtime < grace_s:
             continue
-        gone.append((rel, stat.st_size))
+        gone.append((rel, size))
         if not dry_run:
-            f.unlink()
+            files.remove(rel)
     return gone
 
 
@@ -151,4 +193,4 @@ def garbage(store: object, live: Iterable[str] = (), export_dirs: Iterable[str |
     texts += list(live)
     for folder in export_dirs:
         texts += exports_in(folder)
-    return collect(store.root, referenced_in(texts), dry_run=dry_run, now=now)  # type: ignore[attr-defined]
+    return collect(store.files, referenced_in(texts), dry_run=dry_run, now=now)  # type: ignore[attr-defined]

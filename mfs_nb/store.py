@@ -5,9 +5,10 @@ Tables:
 - ``sessions`` one row per session: saved settings (never secrets) and the usage anchor.
 - ``ledger``   one row per memory-layer action (clearing, compaction, rejection, failure).
 
-Every write is a ``merge_insert`` on a stable key, so a retried write never duplicates. Two
-kernels on one store cannot overwrite each other's events: an insert only happens when the key
-is new, and the writer checks that the stored row is its own (else it gets `UidConflict`).
+Every row has a stable key, so a retried write never duplicates. Two kernels on one store cannot
+overwrite each other's events: an event is appended only when its key is new (one writer at a time
+under a lock file on a local store), and on object storage, where two machines can append one key at
+the same moment, each checks afterwards that the row that counts is its own (else `UidConflict`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from .errors import StoreError
 from .events import Event
 
 DEFAULT_STORE = ".mfs"
+_REMOTE_KEEP_S = 3600.0  # object storage: old versions outlive any clock skew between machines
 
 _REST_CLIENT = "lance_namespace_urllib3_client"
 _import_lock = threading.Lock()
@@ -195,13 +197,25 @@ class UidConflict(StoreError):
     """Another writer already holds some of these uids; reload and append again."""
 
 
-def _winner(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The row that holds a key: the earliest write (ties by writer id), the same for every reader.
+# An events table created with stable row ids says so in its schema: there, of two rows under one key
+# the first committed wins (its row id is smaller, and stays so through compaction).
+_FIRST_COMMIT = {b"mfs.duplicate_key_winner": b"first_commit"}
 
-    Only a true race between two kernels leaves two rows under one key; the loser notices at
-    once (`_check_own`) and appends its event again under a fresh uid, so nothing is lost.
+
+def _winner(rows: list[dict[str, Any]], first_commit: bool = False) -> dict[str, Any] | None:
+    """The row that holds a key, the same for every reader at any time.
+
+    Only a race between two writers without a shared lock (object storage) leaves two rows under one
+    key; the loser notices at once (`Store._check_own`) and appends its event again under a fresh
+    uid, so nothing is lost. The winner is the first committed row: any reader that sees the later
+    row sees the earlier one too, so nobody ever sees a winner that is later replaced. Tables made
+    before stable row ids fall back to the earliest stamp (ties by writer id).
     """
-    return min(rows, key=lambda r: (r["created_at"], r["writer"])) if rows else None
+    if not rows:
+        return None
+    if first_commit and all("_rowid" in r for r in rows):
+        return min(rows, key=lambda r: r["_rowid"])
+    return min(rows, key=lambda r: (r["created_at"], r["writer"]))
 
 
 def now_iso() -> str:
@@ -214,10 +228,42 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 
+# environment variables whose values must never reach a message (object-storage credentials)
+_SECRET_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AZURE_STORAGE_ACCOUNT_KEY",
+                "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_SECRET", "GOOGLE_SERVICE_ACCOUNT_KEY")
+
+
+def shown_uri(uri: str) -> str:
+    """A store URI fit to print: any `user:password@` part removed."""
+    return re.sub(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", r"\1", uri, flags=re.I)
+
+
+def _scrub(text: str) -> str:
+    for var in _SECRET_VARS:
+        value = os.environ.get(var)
+        if value and len(value) >= 4:
+            text = text.replace(value, "***")
+    return re.sub(r"(?i)(signature|credential|token|secret|password)=[^&\s\"]+", r"\1=***", text)
+
+
 def _store_problem(uri: str, table: str, exc: BaseException) -> str:
-    """One line for a store that cannot be read or written."""
-    text = " ".join(str(exc).split())[:200]
+    """One line for a store that cannot be read or written, naming the store but never a secret."""
+    full = _scrub(" ".join(f"{exc} {exc.__cause__ or ''}".split()))
+    text = full[:200]
+    uri = shown_uri(uri)
     where = f"table {table} of the store at {uri}" if table else f"the store at {uri}"
+    if re.search(r"NoSuchBucket|bucket does not exist|ContainerNotFound|bucket.{0,40}not found", full, re.I):
+        return (f"{where}: the bucket does not exist (or these credentials cannot see it); create it or fix the "
+                "store URI (MFS_STORE or the `store` setting)")
+    if re.search(r"credentials|InvalidAccessKeyId|SignatureDoesNotMatch|AccessDenied|status: 40[13]\b", full, re.I):
+        return (f"{where}: the credentials are missing or refused; set them in the environment (for S3 "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, and AWS_ENDPOINT_URL for another S3 server) — they "
+                "are read from there and never saved")
+    if re.search(r"connection refused|tcp connect|timed? ?out|dns error|failed to lookup address|"
+                 r"error sending request", full, re.I) and "://" in uri:
+        endpoint = os.environ.get("AWS_ENDPOINT_URL") or "the provider's endpoint"
+        return (f"{where}: {endpoint} cannot be reached (refused or timed out); check the endpoint "
+                "(AWS_ENDPOINT_URL) and the network, then re-run")
     if isinstance(exc, PermissionError) or re.search(r"read-only|permission denied|os error 30|os error 13", text, re.I):
         return f"{where} is read-only: open it from a writable folder or copy it (MFS_STORE=…) ({text})"
     if re.search(r"no space|os error 28|disk full|quota", text, re.I):
@@ -244,7 +290,8 @@ class Store:
             # Every read sees the latest version, so another kernel's writes are never missed.
             self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
             self._check_core_tables()
-            self._events = self._table("events", EVENTS_SCHEMA)
+            self._events = self._table("events", EVENTS_SCHEMA, stable_ids=True)
+            self._first_commit = (self._events.schema.metadata or {}).get(b"mfs.duplicate_key_winner") == b"first_commit"
             _ensure_event_indexes(self._events)
             self._sessions = self._table("sessions", SESSIONS_SCHEMA)
             self._ledger = self._table("ledger", LEDGER_SCHEMA)
@@ -261,9 +308,12 @@ class Store:
         self._wrote_upto: dict[str, int] = {}  # per session, the highest uid this Store appended
 
     @property
-    def root(self) -> Path:
-        """The local folder for files beside the tables (snapshots); ./.mfs for a remote store."""
-        return Path(self.uri) if self.is_local else Path(DEFAULT_STORE).resolve()
+    def files(self) -> Any:
+        """Where snapshots go: a folder beside a local store's tables; on object storage a table of the
+        store itself (one place for everything, nothing left on the machine that wrote it)."""
+        from .snapshots import Folder
+
+        return Folder(self.uri) if self.is_local else TableFiles(self)
 
     @property
     def is_local(self) -> bool:
@@ -276,16 +326,21 @@ class Store:
         if not names:
             return
         for core in ("events", "sessions"):
-            if core not in names and (core != "sessions" or "events" in names):
+            # a store is created events first: events with no rows and no sessions table is another
+            # kernel creating the store this very moment, not damage
+            if core not in names and (core != "sessions" or self._db.open_table("events").count_rows()):
                 raise StoreError(f"table {core} is missing from the store at {self.uri} (it has "
                                  f"{', '.join(sorted(names))}); nothing was changed: run `mfs-nb doctor --store "
                                  f"{self.uri}` to see what can be recovered")
 
-    def _table(self, name: str, schema: pa.Schema) -> Any:
+    def _table(self, name: str, schema: pa.Schema, stable_ids: bool = False) -> Any:
         try:
             return self._db.open_table(name)
         except (FileNotFoundError, ValueError):
             try:
+                if stable_ids:  # row ids in commit order that compaction keeps: see `_winner`
+                    return self._db.create_table(name, schema=schema.with_metadata(_FIRST_COMMIT),
+                                                 storage_options={"new_table_enable_stable_row_ids": "true"})
                 return self._db.create_table(name, schema=schema)
             except (OSError, ValueError):  # another kernel created it between our two calls
                 return self._db.open_table(name)
@@ -300,40 +355,29 @@ class Store:
         rows = [e.to_row(writer) for e in events]
         if not rows:
             return
-        with self._lock, self._exclusive():
-            if self.is_local and fcntl is not None:  # the lock file makes this the only event writer here
-                self._append_locked(rows)
-                return
-            try:
-                result = (
-                    self._events.merge_insert("key")
-                    .when_not_matched_insert_all()
-                    .execute(pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA))
-                )
-            except Exception as exc:
-                raise StoreError(_store_problem(self.uri, "events", exc)) from exc
-            self._after_write()
-            if result.num_inserted_rows != len(rows) or not self.is_local:
-                self._check_own(rows)
+        with self._lock, self._exclusive() as alone:
+            self._append(rows, alone)
 
-    def _append_locked(self, rows: list[dict[str, Any]]) -> None:
-        """Under the lock file: look the keys up (BTree), then append the new rows as they are. A plain
-        append is a few ms at any size where `merge_insert` joins against the whole table; a key that
-        is already ours with the same content is a retry and is skipped."""
+    def _append(self, rows: list[dict[str, Any]], alone: bool) -> None:
+        """Look the keys up (BTree), then append the new rows as they are: a plain append is a few ms
+        at any size, where `merge_insert` joins against the whole table (and commits a version even
+        when it inserts nothing). A key that is already ours with the same content is a retry and is
+        skipped; another writer's is a `UidConflict`.
+
+        `alone`: under the lock file, no other process can append between the look-up and the
+        append. Without it (object storage, shared by machines), two writers can both append a key;
+        each then reads the key again and keeps going only if its row is the one that counts
+        (`_winner`: the first committed), so exactly one of them is told its event is saved."""
         keys = ", ".join(_quote(r["key"]) for r in rows)
         with self._writing("events"):
-            found: dict[str, list[dict[str, Any]]] = {}
-            # nobody committed since our own last append, and every uid is past those we wrote: the keys
-            # cannot exist, and the look-up (most of a write's time) is skipped
-            fresh = (self._events_version is not None and self._events.version == self._events_version
+            # alone, nobody committed since our own last append, and every uid is past those we wrote:
+            # the keys cannot exist, and the look-up (most of a write's time) is skipped
+            fresh = (alone and self._events_version is not None and self._events.version == self._events_version
                      and all(r["uid"] > self._wrote_upto.get(r["session"], 0) for r in rows))
-            if not fresh and self._events.count_rows():
-                for r in (self._events.search().where(f"key IN ({keys})").select(["key", "writer", "sha256", "created_at"])
-                          .limit(None).to_list()):
-                    found.setdefault(r["key"], []).append(r)
+            found = {} if fresh else self._rows_under(keys)
             new = []
             for row in rows:
-                have = _winner(found.get(row["key"], []))
+                have = self._winner(found.get(row["key"], []))
                 if have is None:
                     new.append(row)
                 elif have["writer"] != row["writer"] or have["sha256"] != row["sha256"]:
@@ -343,22 +387,39 @@ class Store:
                 self._events.add(pa.Table.from_pylist(new, schema=EVENTS_SCHEMA))
             for r in rows:
                 self._wrote_upto[r["session"]] = max(self._wrote_upto.get(r["session"], 0), r["uid"])
+            if new and not alone:
+                self._check_own(new)
         self._after_write()
-        self._events_version = self._events.version
+        if alone:
+            self._events_version = self._events.version
+
+    def _rows_under(self, keys: str) -> dict[str, list[dict[str, Any]]]:
+        """The rows stored under the quoted `keys`, with what decides between two of them."""
+        found: dict[str, list[dict[str, Any]]] = {}
+        if not self._events.count_rows():
+            return found
+        query = self._events.search().where(f"key IN ({keys})").select(["key", "writer", "sha256", "created_at"])
+        for r in query.with_row_id(True).limit(None).to_list():
+            found.setdefault(r["key"], []).append(r)
+        return found
+
+    def _winner(self, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return _winner(rows, self._first_commit)
 
     @contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        """Across processes on one machine, one event write at a time (a lock file beside the tables).
+    def _exclusive(self) -> Iterator[bool]:
+        """Across processes on one machine, one event write at a time (a lock file beside the tables);
+        yields whether it holds that lock.
 
-        Object-storage stores have no such lock; there `_check_own` settles a race after the fact.
-        """
+        Object-storage stores have no such lock (it would not protect two machines); there `_append`
+        settles a race after the fact."""
         if not self.is_local or fcntl is None:
-            yield
+            yield False
             return
         with open(Path(self.uri) / ".events.lock", "a+b") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
-                yield
+                yield True
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
@@ -373,13 +434,11 @@ class Store:
             raise StoreError(_store_problem(self.uri, table, exc)) from exc
 
     def _check_own(self, rows: list[dict[str, Any]]) -> None:
-        """Each key must now resolve to our row; two truly simultaneous inserts resolve to one winner."""
-        keys = ", ".join(_quote(r["key"]) for r in rows)
-        stored: dict[str, list[dict[str, Any]]] = {}
-        for r in self._events.search().where(f"key IN ({keys})").limit(None).to_list():
-            stored.setdefault(r["key"], []).append(r)
+        """Each key must now resolve to our row. Two writers that appended one key both read it again
+        after their commits; the later committer sees the earlier one's row, and only one wins."""
+        stored = self._rows_under(", ".join(_quote(r["key"]) for r in rows))
         for row in rows:
-            have = _winner(stored.get(row["key"], []))
+            have = self._winner(stored.get(row["key"], []))
             if have is None or have["writer"] != row["writer"] or have["sha256"] != row["sha256"]:
                 raise UidConflict(
                     f"uid {row['uid']} of session {row['session']!r} was written by another kernel"
@@ -391,7 +450,7 @@ class Store:
         each big write: `optimize` also merges the fragments, and an import of 100k events in
         batches of 5,000 then rewrote the table 20 times (177 MB of versions for 15 MB of text)."""
         self._writes += 1
-        if self._writes % _OPTIMIZE_EVERY == 0 and self.is_local:
+        if self._writes % _OPTIMIZE_EVERY == 0:
             try:
                 self._events.optimize()
             except Exception:  # compaction is an optimisation; a failure loses nothing
@@ -405,7 +464,8 @@ class Store:
         if uid_to is not None:
             where += f" AND uid <= {int(uid_to)}"
         try:
-            table = self._events.search().where(where).limit(None).to_arrow() if self._events.count_rows() else None
+            table = (self._events.search().where(where).with_row_id(True).limit(None).to_arrow()
+                     if self._events.count_rows() else None)
         except Exception as exc:  # a damaged data file: one line that names the table and what to do
             raise StoreError(_store_problem(self.uri, "events", exc)) from exc
         if table is None or not table.num_rows:
@@ -418,7 +478,7 @@ class Store:
             by_key: dict[str, list[dict[str, Any]]] = {}
             for r in table.to_pylist():
                 by_key.setdefault(r["key"], []).append(r)
-            events = [Event.from_row(r) for r in (_winner(g) for g in by_key.values()) if r is not None]
+            events = [Event.from_row(r) for r in (self._winner(g) for g in by_key.values()) if r is not None]
         events.sort(key=lambda e: e.uid)
         return events
 
@@ -534,7 +594,7 @@ class Store:
         """Compact every table's small fragments and remove versions older than `keep_s` seconds (a
         reader or writer still on an older version, and `mfs-nb doctor`'s salvage, need them no longer
         than that); on object storage, shared by machines whose clocks may differ, versions are kept
-        for LanceDB's default of 7 days whatever `keep_s` says. Returns, per
+        at least `_REMOTE_KEEP_S` (an hour) whatever `keep_s` says. Returns, per
         table, versions, fragments and bytes before and after; a table that fails is reported, the
         others go on. Nothing a session reads is changed: only how the tables are laid out."""
         started = time.monotonic()
@@ -544,7 +604,8 @@ class Store:
                 table = self._db.open_table(name)
                 before = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
                 with self._lock:
-                    table.optimize(cleanup_older_than=timedelta(seconds=keep_s) if self.is_local else None)
+                    table.optimize(cleanup_older_than=timedelta(
+                        seconds=keep_s if self.is_local else max(keep_s, _REMOTE_KEEP_S)))
                 after = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
                 report["tables"][name] = {"before": before, "after": after}
             except Exception as exc:  # maintenance is an optimisation; a failure loses nothing
@@ -874,6 +935,45 @@ RECALL_STATE_SCHEMA = pa.schema(
         ("updated_at", pa.string()),
     ]
 )
+
+
+FILES_SCHEMA = pa.schema([("path", pa.string()), ("data", pa.large_binary()), ("mtime", pa.float64())])
+
+
+class TableFiles:
+    """Snapshots of a store on object storage, as rows of its `files` table (path, bytes, mtime). A
+    snapshot is content-addressed, so a path's bytes never change: writing one twice is a no-op."""
+
+    def __init__(self, store: Store):
+        self.store = store
+
+    def _table(self) -> Any:
+        return self.store._table("files", FILES_SCHEMA)
+
+    def exists(self, rel: str) -> bool:
+        with self.store._writing("files"):
+            return bool(self._table().count_rows(f"path = {_quote(rel)}"))
+
+    def touch(self, rel: str) -> None:
+        with self.store._lock, self.store._writing("files"):
+            self._table().update(where=f"path = {_quote(rel)}", values={"mtime": time.time()})
+
+    def put(self, rel: str, data: bytes) -> None:
+        row = pa.Table.from_pylist([{"path": rel, "data": data, "mtime": time.time()}], schema=FILES_SCHEMA)
+        with self.store._lock, self.store._writing("files"):
+            self._table().merge_insert("path").when_not_matched_insert_all().execute(row)
+
+    def listing(self) -> list[tuple[str, int, float]]:
+        with self.store._writing("files"):
+            table = self._table()
+            if not table.count_rows():
+                return []
+            rows = table.search().select(["path", "data", "mtime"]).limit(None).to_list()
+        return sorted((r["path"], len(r["data"]), r["mtime"]) for r in rows)
+
+    def remove(self, rel: str) -> None:
+        with self.store._lock, self.store._writing("files"):
+            self._table().delete(f"path = {_quote(rel)}")
 
 
 def _recall_vectors_schema(model_id: str, dim: int) -> pa.Schema:

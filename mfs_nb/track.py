@@ -297,7 +297,7 @@ class VerbatimTrack:
             recent = _recent(event, events)
             verdict = origin.classify(event.content, recent, embedder, estimate_tokens)
             if verdict.disposition == origin.DOCUMENT:
-                snap = snapshots.write(self.s.store.root, event.content, "message")
+                snap = snapshots.write(self.s.store.files, event.content, "message")
                 verdict = Verdict(origin.DOCUMENT, verdict.source, "", None, verdict.score, verdict.chars,
                                   verdict.first_line, (snap.to_json(),), verdict.vector)
             return verdict

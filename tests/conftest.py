@@ -63,6 +63,48 @@ def store_dir(tmp_path) -> str:
     return str(tmp_path / "store")
 
 
+S3_BUCKET = "mfs-test"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Any:
+    """An S3-compatible server on 127.0.0.1 for the whole run (moto's, in a thread; no external
+    service), with one bucket. Yields its endpoint URL."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test-key", aws_secret_access_key="test-secret",
+                 region_name="us-east-1").create_bucket(Bucket=S3_BUCKET)
+    try:
+        yield endpoint
+    finally:
+        server.stop()
+
+
+def use_s3(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
+    """Credentials and endpoint as a user sets them: in the environment, never in the URI."""
+    for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test-key",
+                        "AWS_SECRET_ACCESS_KEY": "test-secret", "AWS_REGION": "us-east-1",
+                        "AWS_ALLOW_HTTP": "true", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.fixture(params=["local", "s3"])
+def store_uri(request, tmp_path, monkeypatch) -> str:
+    """The store suite runs twice: on a local folder and on the loopback S3 server."""
+    if request.param == "local":
+        return str(tmp_path / "store")
+    use_s3(monkeypatch, request.getfixturevalue("s3_endpoint"))
+    return f"s3://{S3_BUCKET}/{tmp_path.name}"
+
+
 @dataclass
 class FakeLLM:
     """Answers from a script; each item is text, a Completion, an exception, or a callable(messages)."""

@@ -6,6 +6,7 @@ import re
 import threading
 from pathlib import Path
 
+import pytest
 from conftest import FakeLLM
 
 import mfs_nb
@@ -14,8 +15,8 @@ from mfs_nb.events import Event
 from mfs_nb.store import Store
 
 
-def test_retried_write_is_a_no_op(store_dir):
-    store = Store(store_dir)
+def test_retried_write_is_a_no_op(store_uri):
+    store = Store(store_uri)
     e = Event(uid=1, session="s", turn=1, role="user", content="hello", turn_start=True, created_at="t")
     store.append_events([e], writer="w1")
     store.append_events([e], writer="w1")  # a retry after a timeout, say
@@ -29,10 +30,10 @@ def test_no_code_path_updates_or_deletes_events():
     assert "when_matched_update_all" not in source.split("def append_events")[1].split("def load_events")[0]
 
 
-def test_a_plain_append_still_refuses_another_writers_uid_and_skips_a_retry(store_dir):
+def test_a_plain_append_still_refuses_another_writers_uid_and_skips_a_retry(store_uri):
     from mfs_nb.store import UidConflict
 
-    store = Store(store_dir)
+    store = Store(store_uri)
     names = {c for i in store._events.list_indices() for c in i.columns}
     assert {"key", "session", "uid"} <= names  # a write and a load look keys and uids up, no scan
     a = Event(uid=1, session="s", turn=1, role="user", content="mine", turn_start=True, created_at="t")
@@ -48,7 +49,7 @@ def test_a_plain_append_still_refuses_another_writers_uid_and_skips_a_retry(stor
         pass
     assert [(e.uid, e.content) for e in store.load_events("s")] == [(1, "mine")]  # nothing of the refused batch
     # another kernel (its own Store) appends uid 2; ours, unaware, tries uid 2 next: refused, not duplicated
-    other = Store(store_dir)
+    other = Store(store_uri)
     other.append_events([Event(uid=2, session="s", turn=2, role="user", content="theirs", created_at="t")], "w3")
     try:
         store.append_events([Event(uid=2, session="s", turn=2, role="user", content="mine too", created_at="t")], "w1")
@@ -66,13 +67,13 @@ def test_store_uri_from_environment(monkeypatch, tmp_path):
     assert s.store.uri == str(tmp_path / "envstore") and (tmp_path / "envstore").is_dir()
 
 
-def test_concurrent_kernels_lose_and_duplicate_nothing(store_dir):
-    Session("race", store=store_dir)  # create the tables once
+def test_concurrent_kernels_lose_and_duplicate_nothing(store_uri):
+    Session("race", store=store_uri)  # create the tables once
     errors: list[BaseException] = []
 
     def kernel(tag: str) -> None:
         try:
-            s = Session("race", store=Store(store_dir), llm=FakeLLM(default=f"reply {tag}"))
+            s = Session("race", store=Store(store_uri), llm=FakeLLM(default=f"reply {tag}"))
             for i in range(6):
                 s.chat(f"{tag}-{i}")
         except BaseException as exc:  # surfaced below
@@ -84,7 +85,7 @@ def test_concurrent_kernels_lose_and_duplicate_nothing(store_dir):
     for t in threads:
         t.join()
     assert not errors
-    events = Store(store_dir).load_events("race")
+    events = Store(store_uri).load_events("race")
     assert [e.uid for e in events] == list(range(1, 25))
     assert sorted(e.content for e in events if e.role == "user") == sorted(f"{t}-{i}" for t in "ab" for i in range(6))
 
@@ -114,7 +115,7 @@ print(before, rows, after, api.__name__)
     assert out.stdout.split() == ["False", "['hi']", "True", "TableApi"]
 
 
-def test_optimize_folds_versions_and_fragments_and_loses_nothing(store_dir, tmp_path, monkeypatch, capsys):
+def test_optimize_folds_versions_and_fragments_and_loses_nothing(store_uri, tmp_path, monkeypatch, capsys):
     """Issue 19, table maintenance: `Session.optimize` / `%mfs optimize` compacts small fragments and
     removes old versions of every table, in the ledger with its effect; never while another kernel
     holds the compaction lock."""
@@ -122,22 +123,23 @@ def test_optimize_folds_versions_and_fragments_and_loses_nothing(store_dir, tmp_
 
     from mfs_nb import Session
 
-    s = Session("opt", store=store_dir, llm=FakeLLM(prompt_tokens=300))
+    s = Session("opt", store=store_uri, llm=FakeLLM(prompt_tokens=300))
     for i in range(25):
         s.chat(f"turn {i}: keep the pool under {20 + i}")
     events, payload = s.events, s.send_view().messages
     notices = s.optimize(keep_s=0.001)
     assert notices[0].startswith("store optimized in ")
     row = [r for r in s.ledger() if r["kind"] == "maintenance"][-1]
-    assert row["versions"][1] < row["versions"][0] and row["fragments"][1] < row["fragments"][0]
-    assert row["bytes"][1] < row["bytes"][0] and not row["errors"]
-    again = Session("opt", store=store_dir, llm=FakeLLM())
+    assert row["fragments"][1] < row["fragments"][0] and not row["errors"]
+    if "://" not in store_uri:  # object storage keeps versions an hour at least (clock skew between machines)
+        assert row["versions"][1] < row["versions"][0] and row["bytes"][1] < row["bytes"][0]
+    again = Session("opt", store=store_uri, llm=FakeLLM())
     assert again.events == events and again.send_view().messages == payload
     s.chat("still usable after maintenance")
     s.compactor.pending = object()  # this kernel's own background compaction, under way
     assert "background compaction of this session is under way" in s.optimize(keep_s=0.001)[0]
     s.compactor.pending = None
-    other = Session("opt", store=store_dir, llm=FakeLLM())
+    other = Session("opt", store=store_uri, llm=FakeLLM())
     assert other.compactor._acquire(0.0) is None  # another kernel holds the compaction lock
     try:
         assert "was not optimized" in s.optimize(keep_s=0.001)[0]
@@ -152,3 +154,145 @@ def test_mfs_optimize_magic(ip, capsys):
     assert capsys.readouterr().out.startswith("store optimized in ")
     ip.run_line_magic("mfs", "optimize now")
     assert "takes no arguments" in capsys.readouterr().err
+
+
+# -- object storage (the loopback S3 server of conftest) -----------------------------------------
+def _event(uid: int, content: str, created_at: str = "2026-01-01T00:00:00.000Z") -> Event:
+    return Event(uid=uid, session="s", turn=uid, role="user", content=content, turn_start=True, created_at=created_at)
+
+
+def test_on_object_storage_the_first_committed_row_wins_a_race(s3_endpoint, monkeypatch, tmp_path):
+    """Two machines append uid 1 at the same moment (no lock file can join them): both rows land, each
+    writer reads the key again, and only the first committed is told its event is saved, even when
+    the later one's clock says it came first. Every reader, then and after compaction, sees that row."""
+    from conftest import use_s3
+
+    from mfs_nb.store import UidConflict
+
+    use_s3(monkeypatch, s3_endpoint)
+    uri = f"s3://mfs-test/{tmp_path.name}"
+    a, b = Store(uri), Store(uri)
+    a.append_events([_event(1, "a's", "2026-01-01T00:00:05.000Z")], "wa")
+    real, calls = b._rows_under, []
+
+    def looked_up_before_a_committed(keys: str) -> dict:
+        calls.append(keys)
+        return {} if len(calls) == 1 else real(keys)
+
+    monkeypatch.setattr(b, "_rows_under", looked_up_before_a_committed)
+    try:
+        b.append_events([_event(1, "b's", "2026-01-01T00:00:01.000Z")], "wb")  # an earlier clock
+        raise AssertionError("the later commit was told it won")
+    except UidConflict:
+        pass
+    assert len(calls) == 2  # the look-up, then the check after its commit
+    for reader in (a, b, Store(uri)):
+        assert [(e.uid, e.content) for e in reader.load_events("s")] == [(1, "a's")]
+    b.append_events([_event(2, "b's again")], "wb")  # the loser takes the next uid
+    Store(uri).maintain()
+    assert [(e.uid, e.content) for e in Store(uri).load_events("s")] == [(1, "a's"), (2, "b's again")]
+
+
+def test_a_session_on_object_storage_writes_nothing_locally(s3_endpoint, monkeypatch, tmp_path):
+    """Events, state, snapshots of attached and pasted documents: all in the bucket; the working
+    folder stays empty, and `gc` collects an orphan snapshot there too."""
+    import os
+    import time
+
+    from conftest import use_s3
+
+    from mfs_nb import snapshots
+
+    use_s3(monkeypatch, s3_endpoint)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    doc = tmp_path / "notes.md"
+    doc.write_text("# Notes\n\nthe pool size is 42 on db-7\n")
+    uri = f"s3://mfs-test/{tmp_path.name}"
+    s = Session("remote", store=uri, window_tokens=8000, llm=FakeLLM())
+    r = s.chat("read this", docs=[doc])
+    s.chat("# Runbook\n\n" + "\n".join(f"- step {i}: run make deploy-{i} and check the dashboard" for i in range(40)))
+    paths = {p for p, _, _ in s.store.files.listing()}
+    assert s.verbatim.verdicts[r.uids[0]].snapshots[0]["path"] in paths and len(paths) == 2
+    orphan = snapshots.write(s.store.files, "nobody names me", "orphan")
+    assert snapshots.garbage(s.store, [], dry_run=True) == []  # within the grace period
+    gone = snapshots.garbage(s.store, [], now=time.time() + 49 * 3600)
+    assert gone == [(orphan.path, len("nobody names me"))] and {p for p, _, _ in s.store.files.listing()} == paths
+    again = Session("remote", store=uri, window_tokens=8000, llm=FakeLLM())
+    assert again.events == s.events and again.send_view().messages == s.send_view().messages
+    assert os.listdir(work) == []
+
+
+@pytest.mark.parametrize("case", ["no bucket", "no credentials", "refused"])
+def test_a_bad_object_store_is_one_line_naming_it_without_secrets(case, s3_endpoint, monkeypatch, tmp_path):
+    from conftest import use_s3
+
+    from mfs_nb.errors import StoreError
+
+    use_s3(monkeypatch, s3_endpoint)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "very-secret-value")
+    monkeypatch.chdir(tmp_path)
+    uri = f"s3://mfs-test/{case.replace(' ', '-')}"
+    if case == "no bucket":
+        uri = "s3://no-such-bucket/p"
+    elif case == "no credentials":
+        monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+        monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    else:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens on the discard port
+    with pytest.raises(StoreError) as info:
+        Session("x", store=uri, llm=FakeLLM())
+    line = str(info.value)
+    assert "\n" not in line and uri in line and "very-secret-value" not in line
+    assert {"no bucket": "bucket does not exist", "no credentials": "credentials are missing",
+            "refused": "cannot be reached"}[case] in line
+    assert list(tmp_path.iterdir()) == []  # nothing written locally by mistake
+
+
+def test_the_store_going_away_mid_turn_says_what_was_kept(monkeypatch, tmp_path):
+    """The object store stops while the model answers: the user's message was saved, the reply was
+    not, and the error says so; with the store back, re-running the turn works and no event is half
+    written. With the store away before the turn, nothing is saved and the message is still in the cell."""
+    import socket
+
+    import boto3
+    from conftest import S3_BUCKET, use_s3
+    from moto.server import ThreadedMotoServer
+
+    from mfs_nb.errors import StoreError
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    use_s3(monkeypatch, endpoint)
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=S3_BUCKET + "-away")
+    uri = f"s3://{S3_BUCKET}-away/{tmp_path.name}"
+    running = [True]
+
+    def stop_while_answering(messages):
+        server.stop()
+        running[0] = False
+        return "an answer that cannot be saved"
+
+    try:
+        s = Session("away", store=uri, llm=FakeLLM(script=["first answer", stop_while_answering]))
+        s.chat("first question")
+        with pytest.raises(StoreError, match="your message was saved as uid 3, the reply was not: re-run the cell"):
+            s.chat("second question")
+        with pytest.raises(StoreError, match=r"nothing of this turn was saved \(your message is still in the cell\)"):
+            s.chat("third question")
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)  # the store is back
+        server.start()
+        running[0] = True
+        s.chat("second question")
+        events = Store(uri).load_events("away")
+        assert [(e.uid, e.role, e.content) for e in events] == [
+            (1, "user", "first question"), (2, "assistant", "first answer"), (3, "user", "second question"),
+            (4, "user", "second question"), (5, "assistant", "ok")]
+    finally:
+        if running[0]:
+            server.stop()

@@ -77,9 +77,10 @@ def check(store: str, session: str, acks: dict[int, str], window: int = 4096) ->
 
 
 def concurrent_run(store: str, session: str, procs: int, seed: int, ops: int = 12,
-                   timeout: float = 600) -> dict[str, Any]:
-    """2–4 kernels on one session at once, random schedules; each then reloads and reports its projection."""
-    done = Path(store + ".done")
+                   timeout: float = 600, done_dir: str = "") -> dict[str, Any]:
+    """2–4 kernels on one session at once, random schedules; each then reloads and reports its projection.
+    `done_dir`: where the kernels say they are done (beside a local store by default)."""
+    done = Path(done_dir or store + ".done")
     done.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     workers = [start(store, session, f"k{i}", rng.randrange(10**6), ops, wait_for=procs, done_dir=str(done),

@@ -71,10 +71,10 @@ def main() -> None:
     ap.add_argument("--done-dir", default="")
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    s = Session(a.session, store=a.store, window_tokens=a.window, llm=Model(a.delay),
-                background_compaction=a.background)
-    print("ready", flush=True)
     try:
+        s = Session(a.session, store=a.store, window_tokens=a.window, llm=Model(a.delay),
+                    background_compaction=a.background)
+        print("ready", flush=True)
         run(s, a, rng)
     finally:  # a failing worker still says it is done, so the others do not wait for it
         if a.wait_for:
