@@ -113,7 +113,7 @@ def _search(args: Any) -> int:
     os.environ["MFS_RECALL_INDEX"] = "false"  # a one-shot script does not embed the backlog; never saved
     store = Store(args.store)
     if args.session not in store.sessions():
-        print(f"mfs-nb: no session {args.session!r} in {store.uri}; sessions: {', '.join(store.sessions()) or 'none'}",
+        print(f"mfs-nb: no session {args.session!r} in {store.shown}; sessions: {', '.join(store.sessions()) or 'none'}",
               file=sys.stderr)
         return 2
     s = Session(args.session, store=store)

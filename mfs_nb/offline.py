@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any
 
 from .tokens import estimate_tokens, exact_counter, message_tokens
@@ -107,8 +107,15 @@ def extractive_merge(messages: list[dict[str, Any]], target_tokens: int = 1000) 
     return "\n".join(lines[i] for i in sorted(kept)) or "- (nothing to merge)"
 
 
+@cache
+def _counter() -> Callable[[str], int]:
+    """Exact counts, remembered for the texts of recent requests: each request repeats the one before
+    it, and counting the whole prompt afresh made a turn's cost grow with the history."""
+    return lru_cache(maxsize=16_384)(exact_counter("o200k_base") or estimate_tokens)
+
+
 def _usage(messages: list[dict[str, Any]], reply: str, tools: list[dict[str, Any]] | None = None) -> dict[str, int]:
-    count = exact_counter("o200k_base") or estimate_tokens
+    count = _counter()
     prompt = sum(message_tokens(m, count) for m in messages) + 3
     if tools:  # a provider counts the tool schemas it was sent in the prompt, so the anchor includes them
         prompt += count(json.dumps(tools))

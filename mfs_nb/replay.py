@@ -125,7 +125,7 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
         settings.setdefault("background_compaction", False)  # in line, so a replay is deterministic
         s = Session(session, store=store or tmp, model=model, window_tokens=window, **settings)
         if s.events:
-            raise InputError(f"session {session!r} in {s.store.uri} already has events; use an empty --store")
+            raise InputError(f"session {session!r} in {s.store.shown} already has events; use an empty --store")
         if on_start:
             on_start(s)
         if payloads:

@@ -170,6 +170,7 @@ class Session:
         self._ledger_seq = len(ledger)
         last_clearing = next((r for r in reversed(ledger) if r["kind"] == "clearing"), None)
         self._token_cache: dict[tuple[int, str], int] = {}
+        self._recorded: tuple[int, Event | None] = (0, None)  # events this kernel saved, and the last of them
         self._last_payload: list[dict[str, Any]] | None = None
         self._last_prefix_ratio: float | None = None
         self._last_provider_usage: dict[str, int] | None = None
@@ -221,7 +222,7 @@ class Session:
             raise StoreError(
                 f"table events of session {self.name!r} ends at uid {self.last_uid}, but the store refers to uids up to "
                 f"{high}: rows were lost or rolled back. Nothing was changed; run `mfs-nb doctor --store "
-                f"{self.store.uri}` (uids are never reused)")
+                f"{self.store.shown}` (uids are never reused)")
 
     def _host(self) -> Host:
         """What the compactor, the verbatim track and the recall index may use of this session."""
@@ -363,6 +364,7 @@ class Session:
                     self._events = self.store.load_events(self.name)  # another kernel appended; take fresh uids
                     continue
                 self._events.append(event)
+                self._recorded = (self._recorded[0] + 1, event)
                 if getattr(self, "indexer", None) is not None:
                     self.indexer.kick()  # the turn never waits for the index
                 return event
@@ -408,7 +410,7 @@ class Session:
             ledger = self.ledger()
         first = events[0].created_at if events else ""
         header = (f"# mfs_nb session `{self.name}`\n\n"
-                  f"Exported {now_iso()} from the store at `{self.store.uri}` · model `{self.settings.model}` · "
+                  f"Exported {now_iso()} from the store at `{self.store.shown}` · model `{self.settings.model}` · "
                   f"window {self.window:,} tokens · {len(events)} events"
                   + (f" (uids 1–{events[-1].uid}, from {first})" if events else "")
                   + f" · {len(declared)} declarations · {len(ledger)} ledger rows.\n\n"
@@ -843,7 +845,7 @@ class Session:
                     f"{self.settings.model} needs {missing} in the environment (keys are never saved); "
                     "set it and re-run, or use `%mfs config model=mfs-offline/default`"
                 )
-            user: Event | None = None
+            before = self._recorded[0]
             try:
                 user = self.record_user(text, quote=quote, attached=attached, own=own, notices=notices, origin=origin)
                 uids = [user.uid]
@@ -873,18 +875,27 @@ class Session:
                         event = self.record("tool", result, tool_call_id=call["id"], name=fn.get("name", ""))
                         uids.append(event.uid)
                 assert completion is not None
-                self._save_meta()  # once per turn: the anchor and the uid high-water mark
+                try:
+                    self._save_meta()  # once per turn: the anchor and the uid high-water mark
+                except StoreError as exc:  # the turn itself is saved; the state row is written again next turn
+                    notices.append(f"the session's state row was not saved ({exc}); this turn's events are, and "
+                                   "the state is written again with the next turn")
                 after = self.usage()
                 ahead = self.compaction_ahead(after)
                 if ahead:
                     notices.append(ahead)
                 return Reply(completion.text, after, completion.usage, notices, uids, completion.endpoint)
-            except StoreError as exc:  # the store went away mid-turn: say what was kept
-                kept = (f"your message was saved as uid {user.uid}, the reply was not: re-run the cell to ask again"
-                        if user is not None else
-                        "nothing of this turn was saved (your message is still in the cell): re-run it when the "
-                        "store is reachable")
-                raise StoreError(f"{exc}; {kept}") from exc
+            except StoreError as exc:  # the store went away mid-turn: say what is known to be kept
+                count, last = self._recorded
+                if count == before or last is None:
+                    kept = ("nothing of this turn is confirmed saved (your message is still in the cell): re-run it "
+                            "when the store is reachable")
+                elif last.role == "user":
+                    kept = f"your message was saved as uid {last.uid}, the reply was not: re-run the cell to ask again"
+                else:
+                    kept = (f"your message and part of the reply were saved (up to uid {last.uid}), the rest was "
+                            "not: re-run the cell to ask again")
+                raise type(exc)(f"{exc}; {kept}") from exc
 
     def budget_note(self, usage: Usage) -> str:
         """The model's own view of its budget (`show_budget`): one line at the tail of the request."""
@@ -1084,7 +1095,7 @@ class Session:
         llm = self.llm
         return {
             "session": self.name,
-            "store": self.store.uri,
+            "store": self.store.shown,
             "model": self.settings.model,
             "events": len(self._events),
             "last_uid": self.last_uid,

@@ -191,6 +191,9 @@ def vectors_table_name(model_id: str) -> str:
 
 # A small table accumulates one fragment per write; compacting now and then keeps reads fast.
 _OPTIMIZE_EVERY = 200
+# versions the in-turn fold keeps: every reader here reads the latest version (read_consistency_interval
+# 0), so an older one is needed only by a read under way in another kernel, for well under a minute
+_FOLD_KEEP_S = 120.0
 
 
 class UidConflict(StoreError):
@@ -230,12 +233,14 @@ def _quote(value: str) -> str:
 
 # environment variables whose values must never reach a message (object-storage credentials)
 _SECRET_VARS = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID", "AZURE_STORAGE_ACCOUNT_KEY",
-                "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_SECRET", "GOOGLE_SERVICE_ACCOUNT_KEY")
+                "AZURE_STORAGE_ACCESS_KEY", "AZURE_STORAGE_MASTER_KEY", "AZURE_STORAGE_SAS_KEY", "AZURE_STORAGE_SAS_TOKEN",
+                "AZURE_STORAGE_TOKEN", "AZURE_CLIENT_SECRET", "GOOGLE_SERVICE_ACCOUNT_KEY",
+                "GOOGLE_APPLICATION_CREDENTIALS")
 
 
 def shown_uri(uri: str) -> str:
-    """A store URI fit to print: any `user:password@` part removed."""
-    return re.sub(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", r"\1", uri, flags=re.I)
+    """A store URI fit to print: a `user:password@` part removed (an Azure `container@account` stays)."""
+    return re.sub(r"^([a-z][a-z0-9+.-]*://)[^/@:]*:[^/@]*@", r"\1", uri, flags=re.I)
 
 
 def _scrub(text: str) -> str:
@@ -243,7 +248,8 @@ def _scrub(text: str) -> str:
         value = os.environ.get(var)
         if value and len(value) >= 4:
             text = text.replace(value, "***")
-    return re.sub(r"(?i)(signature|credential|token|secret|password)=[^&\s\"]+", r"\1=***", text)
+    text = re.sub(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s:]*:[^/@\s]*@", r"\1", text)  # user:password@ in a URI
+    return re.sub(r"(?i)\b(signature|credential|token|secret|password|sig|key)=[^&\s\"]+", r"\1=***", text)
 
 
 def _store_problem(uri: str, table: str, exc: BaseException) -> str:
@@ -271,6 +277,18 @@ def _store_problem(uri: str, table: str, exc: BaseException) -> str:
     return f"{where} cannot be read or written ({text}); run `mfs-nb doctor --store {uri}`"
 
 
+# LanceDB caches the metadata of every table version it reads, and a chat writes a version per event:
+# with its default cache a process grew by 0.38 MB a chat. Each Store gets a bounded cache of its own
+# (its own, not one per process: the cache also holds the object-store client of each bucket, which
+# must follow the credentials and endpoint in the environment when a Store is opened).
+_CACHE_MB = {"index": 128, "metadata": 64}
+
+
+def _lance_session() -> Any:
+    return lancedb_module().Session(index_cache_size_bytes=_CACHE_MB["index"] << 20,
+                                    metadata_cache_size_bytes=_CACHE_MB["metadata"] << 20)
+
+
 def resolve_uri(store: str | os.PathLike[str] | None) -> str:
     """The store location: the argument, else ``MFS_STORE``, else ``./.mfs``. URIs pass through."""
     uri = str(store) if store else os.environ.get("MFS_STORE") or DEFAULT_STORE
@@ -288,7 +306,7 @@ class Store:
             lancedb = lancedb_module()
 
             # Every read sees the latest version, so another kernel's writes are never missed.
-            self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
+            self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0), session=_lance_session())
             self._check_core_tables()
             self._events = self._table("events", EVENTS_SCHEMA, stable_ids=True)
             self._first_commit = (self._events.schema.metadata or {}).get(b"mfs.duplicate_key_winner") == b"first_commit"
@@ -298,14 +316,22 @@ class Store:
             self._compactions = self._table("compactions", COMPACTIONS_SCHEMA)
             self._verbatim = self._table("verbatim", VERBATIM_SCHEMA)
             self._leases = self._table("leases", LEASES_SCHEMA)
+            if not self.is_local:  # created now, not by the first snapshot's write (a race there is costlier)
+                self._table("files", FILES_SCHEMA)
         except StoreError:
             raise
         except Exception as exc:  # lancedb raises many types; the user needs one line
             raise StoreError(_store_problem(self.uri, "", exc)) from exc
         self._lock = threading.Lock()
-        self._writes = 0
+        self._writes: dict[str, int] = {}  # per table, writes by this Store (see `_fold`)
         self._events_version: int | None = None  # the events table's version after our last append
         self._wrote_upto: dict[str, int] = {}  # per session, the highest uid this Store appended
+        self._created: dict[str, str] = {}  # per session, when its state row was first written
+
+    @property
+    def shown(self) -> str:
+        """The URI as messages, exports and status show it: never a password it may carry."""
+        return shown_uri(self.uri)
 
     @property
     def files(self) -> Any:
@@ -329,9 +355,9 @@ class Store:
             # a store is created events first: events with no rows and no sessions table is another
             # kernel creating the store this very moment, not damage
             if core not in names and (core != "sessions" or self._db.open_table("events").count_rows()):
-                raise StoreError(f"table {core} is missing from the store at {self.uri} (it has "
+                raise StoreError(f"table {core} is missing from the store at {self.shown} (it has "
                                  f"{', '.join(sorted(names))}); nothing was changed: run `mfs-nb doctor --store "
-                                 f"{self.uri}` to see what can be recovered")
+                                 f"{self.shown}` to see what can be recovered")
 
     def _table(self, name: str, schema: pa.Schema, stable_ids: bool = False) -> Any:
         try:
@@ -342,7 +368,7 @@ class Store:
                     return self._db.create_table(name, schema=schema.with_metadata(_FIRST_COMMIT),
                                                  storage_options={"new_table_enable_stable_row_ids": "true"})
                 return self._db.create_table(name, schema=schema)
-            except (OSError, ValueError):  # another kernel created it between our two calls
+            except Exception:  # another kernel created it between our two calls (a commit conflict on S3)
                 return self._db.open_table(name)
 
     # -- events: append only -------------------------------------------------------------
@@ -368,6 +394,10 @@ class Store:
         append. Without it (object storage, shared by machines), two writers can both append a key;
         each then reads the key again and keeps going only if its row is the one that counts
         (`_winner`: the first committed), so exactly one of them is told its event is saved."""
+        if not alone and not self._first_commit and self._events.count_rows():
+            raise StoreError(f"the events table of the store at {self.shown} was made by an older mfs_nb, whose rows "
+                             "cannot settle a race between two machines; it can be read but not written on object "
+                             "storage: export its sessions (`%mfs export`) and go on in a new store")
         keys = ", ".join(_quote(r["key"]) for r in rows)
         with self._writing("events"):
             # alone, nobody committed since our own last append, and every uid is past those we wrote:
@@ -446,13 +476,20 @@ class Store:
 
     def _after_write(self) -> None:
         """Every _OPTIMIZE_EVERY writes, fold the new rows into the table's fragments and its
-        key/session/uid indexes (rows written since are scanned: a few hundred at most). Not after
-        each big write: `optimize` also merges the fragments, and an import of 100k events in
-        batches of 5,000 then rewrote the table 20 times (177 MB of versions for 15 MB of text)."""
-        self._writes += 1
-        if self._writes % _OPTIMIZE_EVERY == 0:
+        key/session/uid indexes (rows written since are scanned: a few hundred at most), and remove
+        versions older than `_FOLD_KEEP_S`: every write is a version, and with all of them kept a
+        write, and the fold itself, grew slower as the log grew (a fold took 0.7 s at 4,000 versions).
+        Not after each big write: `optimize` also merges the fragments, and an import of 100k events
+        in batches of 5,000 then rewrote the table 20 times (177 MB of versions for 15 MB of text)."""
+        self._fold(self._events, "events")
+
+    def _fold(self, table: Any, name: str) -> None:
+        """`_after_write` for any table written at every turn (the events, the session's state row)."""
+        self._writes[name] = n = self._writes.get(name, 0) + 1
+        if n % _OPTIMIZE_EVERY == 0:
+            keep = _FOLD_KEEP_S if self.is_local else max(_FOLD_KEEP_S, _REMOTE_KEEP_S)
             try:
-                self._events.optimize()
+                table.optimize(cleanup_older_than=timedelta(seconds=keep))
             except Exception:  # compaction is an optimisation; a failure loses nothing
                 pass
 
@@ -507,12 +544,14 @@ class Store:
 
     def save_meta(self, session: str, *, settings: dict[str, Any], anchor: Any) -> None:
         """Write the session's settings and anchor (secrets must already be removed)."""
-        old = self.load_meta(session)
+        created = self._created.get(session)
+        if created is None:  # read once per session: a turn's save does not read the table
+            created = self._created[session] = self.load_meta(session).get("created_at") or now_iso()
         row = {
             "session": session,
             "settings": json.dumps(settings, sort_keys=True),
             "anchor": json.dumps(anchor, sort_keys=True),
-            "created_at": old.get("created_at") or now_iso(),
+            "created_at": created,
             "updated_at": now_iso(),
         }
         with self._lock, self._writing("sessions"):
@@ -522,6 +561,7 @@ class Store:
                 .when_not_matched_insert_all()
                 .execute(pa.Table.from_pylist([row], schema=SESSIONS_SCHEMA))
             )
+            self._fold(self._sessions, "sessions")
 
     # -- compactions: the protocol of seed 004, append only ------------------------------
     def append_compaction(self, session: str, seq: int, phase: str, data: dict[str, Any]) -> None:
@@ -609,7 +649,7 @@ class Store:
                 after = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
                 report["tables"][name] = {"before": before, "after": after}
             except Exception as exc:  # maintenance is an optimisation; a failure loses nothing
-                report["errors"][name] = " ".join(str(exc).split())[:200]
+                report["errors"][name] = _scrub(" ".join(str(exc).split()))[:200]
         for key in ("versions", "fragments", "bytes"):
             report[key] = [sum(t["before"][key] for t in report["tables"].values()),
                            sum(t["after"][key] for t in report["tables"].values())]
@@ -672,6 +712,7 @@ class Store:
                 .when_not_matched_insert_all()
                 .execute(pa.Table.from_pylist(table, schema=VERBATIM_SCHEMA))
             )
+            self._fold(self._verbatim, "verbatim")
 
     def load_verdicts(self, session: str) -> dict[int, dict[str, Any]]:
         if not self._verbatim.count_rows():
@@ -696,6 +737,7 @@ class Store:
             if meta.get(b"embedding_model", b"").decode() != model_id or meta.get(b"dim", b"").decode() != str(dim):
                 raise StoreError(f"vectors table for {model_id} holds another vector space; nothing written")
             table.merge_insert("key").when_not_matched_insert_all().execute(pa.Table.from_pylist(rows, schema=schema))
+            self._fold(table, "vectors")
 
     def load_vectors(self, model_id: str, session: str) -> dict[int, list[float]]:
         name = vectors_table_name(model_id)
@@ -937,7 +979,8 @@ RECALL_STATE_SCHEMA = pa.schema(
 )
 
 
-FILES_SCHEMA = pa.schema([("path", pa.string()), ("data", pa.large_binary()), ("mtime", pa.float64())])
+FILES_SCHEMA = pa.schema([("path", pa.string()), ("data", pa.large_binary()), ("size", pa.int64()),
+                          ("mtime", pa.float64())])
 
 
 class TableFiles:
@@ -959,7 +1002,8 @@ class TableFiles:
             self._table().update(where=f"path = {_quote(rel)}", values={"mtime": time.time()})
 
     def put(self, rel: str, data: bytes) -> None:
-        row = pa.Table.from_pylist([{"path": rel, "data": data, "mtime": time.time()}], schema=FILES_SCHEMA)
+        row = pa.Table.from_pylist([{"path": rel, "data": data, "size": len(data), "mtime": time.time()}],
+                                   schema=FILES_SCHEMA)
         with self.store._lock, self.store._writing("files"):
             self._table().merge_insert("path").when_not_matched_insert_all().execute(row)
 
@@ -968,8 +1012,8 @@ class TableFiles:
             table = self._table()
             if not table.count_rows():
                 return []
-            rows = table.search().select(["path", "data", "mtime"]).limit(None).to_list()
-        return sorted((r["path"], len(r["data"]), r["mtime"]) for r in rows)
+            rows = table.search().select(["path", "size", "mtime"]).limit(None).to_list()
+        return sorted((r["path"], r["size"], r["mtime"]) for r in rows)
 
     def remove(self, rel: str) -> None:
         with self.store._lock, self.store._writing("files"):
@@ -1114,8 +1158,11 @@ def rewrite_events(uri: str, rows: list[dict[str, Any]]) -> None:
     lancedb = lancedb_module()
 
     db = lancedb.connect(resolve_uri(uri))
-    data = pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA)
     if "events" in _table_names(db):
-        db.open_table("events").add(data, mode="overwrite")
+        table = db.open_table("events")
+        # the table's own schema, with its metadata: which row of two under a key counts stays the same
+        table.add(pa.Table.from_pylist(rows, schema=table.schema), mode="overwrite")
     else:
-        db.create_table("events", data=data, schema=EVENTS_SCHEMA)
+        db.create_table("events", data=pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA),
+                        schema=EVENTS_SCHEMA.with_metadata(_FIRST_COMMIT),
+                        storage_options={"new_table_enable_stable_row_ids": "true"})

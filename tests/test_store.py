@@ -283,7 +283,7 @@ def test_the_store_going_away_mid_turn_says_what_was_kept(monkeypatch, tmp_path)
         s.chat("first question")
         with pytest.raises(StoreError, match="your message was saved as uid 3, the reply was not: re-run the cell"):
             s.chat("second question")
-        with pytest.raises(StoreError, match=r"nothing of this turn was saved \(your message is still in the cell\)"):
+        with pytest.raises(StoreError, match=r"nothing of this turn is confirmed saved \(your message is still in the cell\)"):
             s.chat("third question")
         server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)  # the store is back
         server.start()
@@ -296,3 +296,54 @@ def test_the_store_going_away_mid_turn_says_what_was_kept(monkeypatch, tmp_path)
     finally:
         if running[0]:
             server.stop()
+
+
+def test_messages_never_show_a_password_or_a_secret(monkeypatch):
+    from mfs_nb.store import _store_problem, shown_uri
+
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI-secret")
+    uri = "s3://AKIAUSER:topsecretpw@bucket/prefix"
+    assert shown_uri(uri) == "s3://bucket/prefix"
+    assert shown_uri("abfss://container@account.dfs.core.windows.net/p") == "abfss://container@account.dfs.core.windows.net/p"
+    exc = ValueError("request to https://AKIAUSER:topsecretpw@bucket.s3/x?X-Amz-Signature=abc123&sig=def456 failed "
+                     "with key wJalrXUtnFEMI-secret")
+    line = _store_problem(uri, "events", exc)
+    assert "\n" not in line and "s3://bucket/prefix" in line
+    for secret in ("topsecretpw", "abc123", "def456", "wJalrXUtnFEMI-secret"):
+        assert secret not in line
+
+
+def test_object_storage_refuses_to_write_a_table_that_cannot_settle_a_race(s3_endpoint, monkeypatch, tmp_path):
+    """An events table made before stable row ids (no marker) would let two machines both be told their
+    event is saved: on object storage it is read, never written."""
+    import pyarrow as pa
+    from conftest import use_s3
+
+    from mfs_nb.errors import StoreError
+    from mfs_nb.store import EVENTS_SCHEMA, SESSIONS_SCHEMA, lancedb_module
+
+    use_s3(monkeypatch, s3_endpoint)
+    uri = f"s3://mfs-test/{tmp_path.name}"
+    db = lancedb_module().connect(uri)
+    old = db.create_table("events", schema=EVENTS_SCHEMA)
+    db.create_table("sessions", schema=SESSIONS_SCHEMA)
+    old.add(pa.Table.from_pylist([_event(1, "from an older version").to_row("w0")], schema=EVENTS_SCHEMA))
+    store = Store(uri)
+    assert [e.content for e in store.load_events("s")] == ["from an older version"]
+    with pytest.raises(StoreError, match="made by an older mfs_nb"):
+        store.append_events([_event(2, "new")], "w1")
+    assert [e.uid for e in Store(uri).load_events("s")] == [1]
+
+
+def test_a_state_row_that_cannot_be_saved_after_the_turn_is_a_notice_not_a_lost_reply(store_dir, monkeypatch):
+    from mfs_nb.errors import StoreError
+
+    s = Session("meta", store=store_dir, llm=FakeLLM(script=["the answer"]))
+
+    def refuse(*args, **kwargs):
+        raise StoreError("table sessions of the store cannot be written (disk full)")
+
+    monkeypatch.setattr(s.store, "save_meta", refuse)
+    reply = s.chat("a question")
+    assert reply.text == "the answer" and any("state row was not saved" in n for n in reply.notices)
+    assert [e.content for e in Store(store_dir).load_events("meta")] == ["a question", "the answer"]

@@ -10,6 +10,7 @@ regenerated in place. A suite whose data is missing is skipped with a message. A
 from __future__ import annotations
 
 from . import (
+    chatload,
     clearing,
     compaction,
     consolidation,
@@ -28,4 +29,5 @@ SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compact
           consolidation.NAME: consolidation,
           verbatim.NAME: verbatim, sidebyside.NAME: sidebyside, ux.NAME: ux,
           recall.NAME: recall, recall_speed.NAME: recall_speed, notebook.NAME: notebook, storebench.NAME: storebench,
+          chatload.NAME: chatload,
           qa.NAME: qa}

@@ -11,14 +11,22 @@ For each size a session's history is written as an import would (batches of 5,00
   maintenance (`Store.maintain`, what `%mfs optimize` runs).
 The text is LoCoMo turns repeated (real lengths, no model), so sizes are realistic.
 
-Not measured here yet (issue 19): object storage, several writers, the 5,000-chat row.
+The same figures on object storage: an S3-compatible server on 127.0.0.1 (moto's, started by the
+suite; skipped with a note where moto is not installed), sizes 1k and 10k. And several writers: 4
+processes chatting (`Session.chat`, offline default) in one session at once, on a local folder and
+on the loopback S3 server: turns per second, and events lost (acknowledged to a writer, not in the log
+afterwards) or duplicated (one message twice) — both must be 0. The 5,000-chat row is `bench chats`.
 """
 
 from __future__ import annotations
 
+import multiprocessing
+import os
 import statistics
 import tempfile
 import time
+from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +39,10 @@ from .recall import _pct
 NAME = "store"
 NEEDS = ("locomo",)
 SIZES = (1_000, 10_000, 100_000)
+S3_SIZES = (1_000, 10_000)
+WRITERS = 4
+WRITER_TURNS = 12
+BUCKET = "mfs-bench"
 TURNS = 40
 IMPORT_BATCH = 5_000
 
@@ -40,18 +52,105 @@ def _session(store: Store) -> Session:
                    model="mfs-offline/default", cell_log=False)
 
 
-def _bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+def _bytes(place: Path | str) -> int:
+    if isinstance(place, Path):
+        return sum(p.stat().st_size for p in place.rglob("*") if p.is_file())
+    import boto3  # with moto: the loopback server's objects under the store's prefix
+
+    bucket, _, prefix = place.removeprefix("s3://").partition("/")
+    s3 = boto3.client("s3", endpoint_url=os.environ["AWS_ENDPOINT_URL"], region_name="us-east-1")
+    total = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/"):
+        total += sum(o["Size"] for o in page.get("Contents", []))
+    return total
 
 
-def _events_layout(folder: Path) -> tuple[int, int]:
+def _events_layout(folder: Path | str) -> tuple[int, int]:
     info = _layout(Store(folder)._events, None)
     return info["versions"], info["fragments"]
 
 
-def measure(root: Path, texts: list[str], n: int) -> dict[str, Any]:
+@contextmanager
+def loopback_s3() -> Any:
+    """moto's S3 server on 127.0.0.1 with one bucket, its endpoint and test credentials in the
+    environment (children inherit them) while the block runs; None where moto is not installed."""
+    try:
+        import boto3
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        yield None
+        return
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+           "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true", "AWS_EC2_METADATA_DISABLED": "true"}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1").create_bucket(Bucket=BUCKET)
+        yield f"s3://{BUCKET}"
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+def _writer(uri: str, tag: str, turns: int, ready: Any, go: Any, out: Any) -> None:
+    """One of the concurrent writers (a spawned process): chat `turns` times, report what was acknowledged."""
+    acks: list[tuple[int, str, str]] = []
+    error = ""
+    try:
+        s = Session("crowd", store=uri, recall_index=False, auto_compaction=False, model="mfs-offline/default",
+                    cell_log=False)
+        ready.put(tag)
+        go.wait(300)
+        for t in range(turns):
+            reply = s.chat(f"writer {tag}, turn {t}: the pool size is {t * 7 + 3}")
+            by_uid = {e.uid: e for e in s.events}
+            acks += [(uid, by_uid[uid].sha256, by_uid[uid].role) for uid in reply.uids]
+    except Exception as exc:  # reported, and counted as a failed writer
+        error = f"{type(exc).__name__}: {exc}"[:300]
+        ready.put(tag)
+    out.put((tag, acks, error))
+
+
+def crowd(uri: str) -> dict[str, Any]:
+    """WRITERS processes chatting in one session at once: turns per second, lost and duplicated events."""
+    Session("crowd", store=uri, recall_index=False, auto_compaction=False, model="mfs-offline/default",
+            cell_log=False)  # the tables exist before the writers start
+    ctx = multiprocessing.get_context("spawn")
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_writer, args=(uri, str(i), WRITER_TURNS, ready, go, out)) for i in range(WRITERS)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        ready.get(timeout=600)
+    started = time.perf_counter()
+    go.set()
+    results = [out.get(timeout=900) for _ in procs]
+    seconds = time.perf_counter() - started
+    for p in procs:
+        p.join(60)
+    events = {e.uid: e for e in Store(uri).load_events("crowd")}
+    acks = [a for _, got, _ in results for a in got]
+    lost = sum(1 for uid, sha, _ in acks if uid not in events or events[uid].sha256 != sha)
+    users = Counter(e.content for e in events.values() if e.role == "user")
+    turns = sum(1 for _, _, role in acks if role == "user")
+    return {"turns": turns, "seconds": seconds, "turns_per_s": turns / seconds, "lost": lost,
+            "duplicated": sum(n - 1 for n in users.values() if n > 1), "events": len(events),
+            "errors": [err for _, _, err in results if err]}
+
+
+def measure(root: Path | str, texts: list[str], n: int) -> dict[str, Any]:
     """One size: build, then the figures of the module doc."""
-    folder = root / f"s{n}"
+    folder = root / f"s{n}" if isinstance(root, Path) else f"{root}/s{n}"
     store = Store(folder)
     stamp = now_iso()
     started = time.perf_counter()
@@ -105,35 +204,57 @@ def measure(root: Path, texts: list[str], n: int) -> dict[str, Any]:
 def run(data: Data, quick: bool) -> dict[str, Any]:
     texts = [f"{m['speaker']}: {m['content']}" for c in data.get("locomo") for m in c["messages"]]
     sizes = SIZES[:2] if quick else SIZES
+    s3_sizes = S3_SIZES[:1] if quick else S3_SIZES
     with tempfile.TemporaryDirectory(prefix="mfs-store-", ignore_cleanup_errors=True) as tmp:
-        results = [measure(Path(tmp), texts, n) for n in sizes]
-    rows = [[f"{r['events']:,}", f"{r['write_p50_ms']:.1f}", f"{r['write_p95_ms']:.1f}", f"{r['load_s']:.2f}",
+        results = [{"where": "local", **measure(Path(tmp), texts, n)} for n in sizes]
+        crowds = [{"where": "local", **crowd(str(Path(tmp) / "crowd"))}]
+        with loopback_s3() as bucket:
+            if bucket is not None:
+                prefix = f"{bucket}/{Path(tmp).name}"
+                results += [{"where": "S3 (loopback)", **measure(prefix, texts, n)} for n in s3_sizes]
+                crowds.append({"where": "S3 (loopback)", **crowd(f"{prefix}/crowd")})
+    rows = [[r["where"], f"{r['events']:,}", f"{r['write_p50_ms']:.1f}", f"{r['write_p95_ms']:.1f}", f"{r['load_s']:.2f}",
              f"{r['recall50_ms']:.1f}", f"{r['read50_ms']:.1f}", f"{r['projection_ms']:.0f}",
              f"{r['import_ms_per_event']:.3f}"] for r in results]
-    disk = [[f"{r['events']:,}", f"{r['text_mb']:.1f}", f"{r['mb']:.1f} → {r['mb_after']:.1f}",
+    disk = [[r["where"], f"{r['events']:,}", f"{r['text_mb']:.1f}", f"{r['mb']:.1f} → {r['mb_after']:.1f}",
              f"{r['versions']} → {r['versions_after']}", f"{r['fragments']} → {r['fragments_after']}",
              f"{r['maintain_s']:.1f}"] for r in results]
-    metrics = {f"{k}_{r['events']}": round(v, 4) for r in results for k, v in r.items() if k != "events"}
+    many = [[c["where"], str(WRITERS), f"{c['turns']}", f"{c['turns_per_s']:.1f}", str(c["lost"]), str(c["duplicated"]),
+             "; ".join(c["errors"]) or "none"] for c in crowds]
+    tag = {"local": "", "S3 (loopback)": "s3_"}
+    metrics = {f"{tag[r['where']]}{k}_{r['events']}": round(v, 4) for r in results for k, v in r.items()
+               if k not in ("events", "where")}
+    metrics.update({f"{tag[c['where']]}writers_{k}": round(v, 4) for c in crowds for k, v in c.items()
+                    if isinstance(v, (int, float))})
+    notes = [
+        "the history is written as an import writes it (5,000 events a batch); the turns after it as a chat "
+        "writes them: each event durable before `record` returns (local: a plain append under the store's lock "
+        "file, its keys looked up in the BTree index on key only when another writer committed since this "
+        "store's last append or a uid is not new; object storage: no lock file joins two machines, so every "
+        "write looks its keys up, appends, and reads them again)",
+        "BTree indexes on the log's key, session and uid; Session() reads the session's rows column-wise",
+        "text is LoCoMo turns repeated; recall and projection are medians of 10 and 3 runs",
+        "object storage keeps versions an hour at least (clocks of two machines may differ), so maintenance "
+        "there folds fragments but removes no version of this run",
+        f"writers: {WRITERS} spawned processes, {WRITER_TURNS} chats each on mfs-offline/default, started together "
+        "once every one has opened the session; lost = acknowledged to its writer but not the event of that uid "
+        "afterwards, duplicated = one message twice in the log",
+    ]
+    if len(crowds) == 1:
+        notes.append("object storage not measured: moto is not installed (`pip install 'moto[server]'`)")
     return {
-        "title": "The store as the log grows (local)",
+        "title": "The store as the log grows (local and object storage)",
         "tables": [
-            {"caption": f"One session, local store: write per turn (a user and an assistant event, {TURNS} turns), "
+            {"caption": f"One session: write per turn (a user and an assistant event, {TURNS} turns), "
                         "Session() load, recall of 50 events, projection of the next call, import",
-             "columns": ["events", "write/turn p50 ms", "write/turn p95 ms", "Session() s", "recall 50 ms",
+             "columns": ["store", "events", "write/turn p50 ms", "write/turn p95 ms", "Session() s", "recall 50 ms",
                          "read 50 from table ms", "projection ms", "import ms/event"], "rows": rows},
             {"caption": "On disk, before → after maintenance (Store.maintain, what %mfs optimize runs)",
-             "columns": ["events", "text MB", "store MB", "events versions", "events fragments", "maintenance s"],
-             "rows": disk},
+             "columns": ["store", "events", "text MB", "store MB", "events versions", "events fragments",
+                         "maintenance s"], "rows": disk},
+            {"caption": "Several writers in one session at once",
+             "columns": ["store", "writers", "turns", "turns/s", "lost", "duplicated", "errors"], "rows": many},
         ],
-        "notes": [
-            "the history is written as an import writes it (5,000 events a batch); the turns after it as a chat "
-            "writes them: each event durable before `record` returns (a plain append under the store's lock file; "
-            "its keys are looked up in the BTree index on key only when another writer committed since this "
-            "store's last append or a uid is not new; rows written since the last fold into the indexes, every "
-            "200 writes, are scanned)",
-            "BTree indexes on the log's key, session and uid; Session() reads the session's rows column-wise",
-            "text is LoCoMo turns repeated; recall and projection are medians of 10 and 3 runs",
-            "not measured yet (issue 19): the store on object storage, several writers, 5,000 chats in one session",
-        ] + (["quick run: 1k and 10k events"] if quick else []),
+        "notes": notes + (["quick run: local 1k and 10k, S3 1k"] if quick else []),
         "metrics": metrics,
     }

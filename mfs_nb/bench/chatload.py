@@ -1,0 +1,100 @@
+"""Suite `chats`: one session, thousands of offline chats in a row, as a notebook would send them.
+
+Each chat is `Session.chat` on the embedded offline default with the production settings (automatic
+compaction, quote detection and the recall index on, the local store), the user's text a LoCoMo turn.
+Measured: the time of every chat, the process's resident memory every 100 chats, the store on disk
+against the text it holds. The bars of issue 19: store ≤ 10 × its text, median of the last 100 chats ≤
+1.3 × the first 100, memory growth ≤ 200 MB, no chat over 2 s.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ..session import Session
+from .data import Data
+
+NAME = "chats"
+NEEDS = ("locomo",)
+CHATS = 5_000
+QUICK_CHATS = 500
+EVERY = 100
+WINDOW = 32_000  # a small model's window: compaction cycles many times over the run (at 128k it starts near chat 800)
+
+
+def rss_mb() -> float:
+    """Resident memory of this process now (Linux), in MB; 0 where /proc is absent."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0.0
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def measure(folder: Path, texts: list[str], chats: int) -> dict[str, Any]:
+    s = Session("load", store=folder, model="mfs-offline/default", window_tokens=WINDOW)
+    start_mb = rss_mb()
+    times: list[float] = []
+    marks: list[dict[str, Any]] = []
+    for i in range(chats):
+        begun = time.perf_counter()
+        s.chat(texts[i % len(texts)])
+        times.append(time.perf_counter() - begun)
+        if (i + 1) % EVERY == 0:
+            window = times[-EVERY:]
+            marks.append({"chats": i + 1, "median_ms": 1000 * statistics.median(window),
+                          "max_ms": 1000 * max(window), "rss_mb": rss_mb()})
+    text = sum(len(e.content.encode("utf-8")) for e in s.events)
+    size = _bytes(folder)
+    first, last = statistics.median(times[:EVERY]), statistics.median(times[-EVERY:])
+    return {"chats": chats, "events": len(s.events), "segments": len(s.compactor.segments),
+            "text_mb": text / 1e6, "store_mb": size / 1e6, "store_x_text": size / max(text, 1),
+            "first100_ms": 1000 * first, "last100_ms": 1000 * last, "last_over_first": last / first,
+            "max_ms": 1000 * max(times), "slowest_chat": times.index(max(times)) + 1,
+            "rss_start_mb": start_mb, "rss_100_mb": marks[0]["rss_mb"], "rss_end_mb": rss_mb(),
+            "growth_mb": rss_mb() - marks[0]["rss_mb"], "marks": marks}
+
+
+def run(data: Data, quick: bool) -> dict[str, Any]:
+    texts = [m["content"] for c in data.get("locomo") for m in c["messages"] if m["content"].strip()]
+    chats = QUICK_CHATS if quick else CHATS
+    with tempfile.TemporaryDirectory(prefix="mfs-chats-", ignore_cleanup_errors=True) as tmp:
+        r = measure(Path(tmp) / "store", texts, chats)
+    step = max(1, len(r["marks"]) // 10)
+    curve = [[f"{m['chats']:,}", f"{m['median_ms']:.0f}", f"{m['max_ms']:.0f}", f"{m['rss_mb']:.0f}"]
+             for m in r["marks"][step - 1::step]]
+    bars = [
+        ["store on disk ÷ text it holds", f"{r['store_mb']:.1f} MB ÷ {r['text_mb']:.1f} MB = {r['store_x_text']:.1f} ×",
+         "≤ 10 ×"],
+        ["median chat, last 100 ÷ first 100", f"{r['last100_ms']:.0f} ÷ {r['first100_ms']:.0f} ms = "
+                                              f"{r['last_over_first']:.2f}", "≤ 1.3"],
+        ["memory growth after the first 100 chats", f"{r['growth_mb']:.0f} MB ({r['rss_100_mb']:.0f} → "
+                                                    f"{r['rss_end_mb']:.0f} MB)", "≤ 200 MB"],
+        ["slowest chat", f"{r['max_ms']:.0f} ms (chat {r['slowest_chat']:,})", "≤ 2,000 ms"],
+    ]
+    metrics = {k: round(v, 4) for k, v in r.items() if isinstance(v, (int, float))}
+    return {
+        "title": f"{chats:,} offline chats in one session",
+        "tables": [
+            {"caption": "The bars (issue 19)", "columns": ["measure", "this run", "bar"], "rows": bars},
+            {"caption": f"Over the run: each row the {EVERY} chats before it",
+             "columns": ["chats", "median ms", "max ms", "resident MB"], "rows": curve},
+        ],
+        "notes": [
+            f"Session.chat on mfs-offline/default at a {WINDOW:,}-token window with the production settings "
+            "(automatic compaction, quote detection, the recall index), a local store, LoCoMo turns as the user's "
+            "text; one process, nothing else running",
+            f"{r['events']:,} events at the end, {r['segments']} segments; memory is the process's resident set "
+            f"({r['rss_start_mb']:.0f} MB before the first chat)",
+        ] + ([f"quick run: {QUICK_CHATS} chats"] if quick else []),
+        "metrics": metrics,
+    }
