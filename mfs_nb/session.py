@@ -355,13 +355,17 @@ class Session:
                     origin=origin or role, tool_calls=tuple(tool_calls or ()), tool_call_id=tool_call_id,
                     name=name, turn_start=new_turn or not self._events, created_at=now_iso(),
                 )
+                begun = time.monotonic()
                 try:
                     self.store.append_events([event], self._writer)
                 except UidConflict:
                     if attempt == _WRITE_ATTEMPTS - 1:
                         raise
-                    time.sleep(random.uniform(0, 0.02 * (attempt + 1)))
-                    self._events = self.store.load_events(self.name)  # another kernel appended; take fresh uids
+                    # another kernel appended: take its events and the next uid, after a random pause that
+                    # grows with the tries and with what a write costs here (ms locally, far more on S3)
+                    took = time.monotonic() - begun
+                    time.sleep(random.uniform(0, max(0.02, took) * min(attempt + 1, 8)))
+                    self._catch_up()
                     continue
                 self._events.append(event)
                 self._recorded = (self._recorded[0] + 1, event)
