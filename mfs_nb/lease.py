@@ -27,13 +27,16 @@ from collections.abc import Iterable
 from typing import Any, Protocol
 
 
+MAX_TTL_S = 3600.0  # the longest lease lifetime; a release row carries it as its expiry (Store.load_leases)
+
+
 def ttl_s() -> float:
     """Lease lifetime; renewed every third of it. MFS_LEASE_TTL_S shortens it (fault tests)."""
     try:
         value = float(os.environ.get("MFS_LEASE_TTL_S", "60"))
     except ValueError:
         return 60.0
-    return value if 0.5 <= value <= 3600 else 60.0
+    return value if 0.5 <= value <= MAX_TTL_S else 60.0
 
 
 class LeaseRows(Protocol):
@@ -90,7 +93,7 @@ class Lease:
             self.rows.append_lease(self.session, claim, "claim", self.owner, time.time() + ttl)
             live = self.holders()
             if set(live) != {claim}:
-                self.rows.append_lease(self.session, claim, "release", self.owner, 0.0)
+                self.rows.append_lease(self.session, claim, "release", self.owner, time.time() + MAX_TTL_S)
                 return False
             self.claim, self._renewals = claim, 0
             self._start_renewer(claim, ttl)
@@ -127,7 +130,7 @@ class Lease:
                 self._stop.set()
                 self._stop = None
             if claim is not None:
-                self.rows.append_lease(self.session, claim, "release", self.owner, 0.0)
+                self.rows.append_lease(self.session, claim, "release", self.owner, time.time() + MAX_TTL_S)
 
     def _start_renewer(self, claim: str, ttl: float) -> None:
         stop = threading.Event()

@@ -192,8 +192,9 @@ def vectors_table_name(model_id: str) -> str:
 # A small table accumulates one fragment per write; compacting now and then keeps reads fast.
 _OPTIMIZE_EVERY = 200
 # versions the in-turn fold keeps: every reader here reads the latest version (read_consistency_interval
-# 0), so an older one is needed only by a read under way in another kernel, for well under a minute
-_FOLD_KEEP_S = 120.0
+# 0), so an older one is needed only by a read under way in another kernel, for a second or so. Kept
+# longer, a session chatting fast (a replay, a benchmark) piles up thousands and every write slows
+_FOLD_KEEP_S = 15.0
 
 
 class UidConflict(StoreError):
@@ -574,6 +575,7 @@ class Store:
                 .when_not_matched_insert_all()
                 .execute(pa.Table.from_pylist([row], schema=COMPACTIONS_SCHEMA))
             )
+            self._fold(self._compactions, "compactions")
 
     def load_compactions(self, session: str) -> list[dict[str, Any]]:
         if not self._compactions.count_rows():
@@ -596,11 +598,16 @@ class Store:
                 )
             except Exception as exc:
                 raise StoreError(_store_problem(self.uri, "leases", exc)) from exc
+            self._fold(self._leases, "leases")
 
     def load_leases(self, session: str) -> list[dict[str, Any]]:
+        """The rows that can still matter: those whose expiry has not passed (a release row carries
+        the longest lease lifetime, so it outlives its claim). A session tries the lease at every turn
+        past the warn line, and reading all of its rows made a turn slower as the session grew."""
         if not self._leases.count_rows():
             return []
-        return self._leases.search().where(f"session = {_quote(session)}").limit(None).to_list()
+        where = f"session = {_quote(session)} AND expires > {time.time() - 1.0!r}"
+        return self._leases.search().where(where).limit(None).to_list()
 
     # -- ledger ---------------------------------------------------------------------------
     def append_ledger(self, session: str, seq: int, kind: str, data: dict[str, Any], writer: str = "") -> dict[str, Any]:
@@ -619,6 +626,7 @@ class Store:
                 .when_not_matched_insert_all()
                 .execute(pa.Table.from_pylist([row], schema=LEDGER_SCHEMA))
             )
+            self._fold(self._ledger, "ledger")
         return {"seq": seq, "time": row["time"], "kind": kind, **data}
 
     def load_ledger(self, session: str) -> list[dict[str, Any]]:
