@@ -502,8 +502,7 @@ class Store:
         if uid_to is not None:
             where += f" AND uid <= {int(uid_to)}"
         try:
-            table = (self._events.search().where(where).with_row_id(True).limit(None).to_arrow()
-                     if self._events.count_rows() else None)
+            table = self._events.search().where(where).limit(None).to_arrow() if self._events.count_rows() else None
         except Exception as exc:  # a damaged data file: one line that names the table and what to do
             raise StoreError(_store_problem(self.uri, "events", exc)) from exc
         if table is None or not table.num_rows:
@@ -514,7 +513,9 @@ class Store:
             events = Event.from_columns(columns)
         else:  # a race between two kernels left two rows under a key: the winner's row counts
             by_key: dict[str, list[dict[str, Any]]] = {}
-            for r in table.to_pylist():
+            with self._writing("events"):  # read again with the row ids that decide (only here: they cost)
+                rows = self._events.search().where(where).with_row_id(True).limit(None).to_list()
+            for r in rows:
                 by_key.setdefault(r["key"], []).append(r)
             events = [Event.from_row(r) for r in (self._winner(g) for g in by_key.values()) if r is not None]
         events.sort(key=lambda e: e.uid)
