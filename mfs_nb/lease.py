@@ -26,7 +26,6 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, Protocol
 
-
 MAX_TTL_S = 3600.0  # the longest lease lifetime; a release row carries it as its expiry (Store.load_leases)
 
 

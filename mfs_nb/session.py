@@ -170,7 +170,7 @@ class Session:
         self._ledger_seq = len(ledger)
         last_clearing = next((r for r in reversed(ledger) if r["kind"] == "clearing"), None)
         self._token_cache: dict[tuple[int, str], int] = {}
-        self._recorded: tuple[int, Event | None] = (0, None)  # events this kernel saved, and the last of them
+        self._last_recorded: Event | None = None  # the last event this kernel saved
         self._last_payload: list[dict[str, Any]] | None = None
         self._last_prefix_ratio: float | None = None
         self._last_provider_usage: dict[str, int] | None = None
@@ -368,7 +368,7 @@ class Session:
                     self._catch_up()
                     continue
                 self._events.append(event)
-                self._recorded = (self._recorded[0] + 1, event)
+                self._last_recorded = event
                 if getattr(self, "indexer", None) is not None:
                     self.indexer.kick()  # the turn never waits for the index
                 return event
@@ -849,57 +849,65 @@ class Session:
                     f"{self.settings.model} needs {missing} in the environment (keys are never saved); "
                     "set it and re-run, or use `%mfs config model=mfs-offline/default`"
                 )
-            before = self._recorded[0]
+            before = self._last_recorded
             try:
-                user = self.record_user(text, quote=quote, attached=attached, own=own, notices=notices, origin=origin)
-                uids = [user.uid]
-                schemas = self._tool_schemas()
-                completion: Completion | None = None
-                for round_no in range(self.settings.max_tool_rounds + 1):
-                    plan = self.prepare_call()
-                    notices.extend(plan.notices)
-                    last_round = round_no == self.settings.max_tool_rounds
-                    try:
-                        completion, sent = self._call_with_ptl_retry(plan, None if last_round else (schemas or None),
-                                                                     stream, on_delta, on_reset, notices)
-                    except MfsError as exc:
-                        self._log("failure", tier=plan.usage.tier, error=redact(str(exc)), uid=user.uid)
-                        raise
-                    notices.extend(self.observe_usage(sent, completion.usage))
-                    assistant = self.record("assistant", completion.text, tool_calls=completion.tool_calls or None)
-                    uids.append(assistant.uid)
-                    if not completion.tool_calls:
-                        break
-                    for call in completion.tool_calls:
-                        fn = call.get("function") or {}
-                        try:
-                            result = call_tool(self.tools, fn.get("name", ""), fn.get("arguments", ""))
-                        except Exception as exc:  # pairing never breaks: every call gets a result event
-                            result = f"error: the tool call could not be executed ({type(exc).__name__})"
-                        event = self.record("tool", result, tool_call_id=call["id"], name=fn.get("name", ""))
-                        uids.append(event.uid)
-                assert completion is not None
-                try:
-                    self._save_meta()  # once per turn: the anchor and the uid high-water mark
-                except StoreError as exc:  # the turn itself is saved; the state row is written again next turn
-                    notices.append(f"the session's state row was not saved ({exc}); this turn's events are, and "
-                                   "the state is written again with the next turn")
-                after = self.usage()
-                ahead = self.compaction_ahead(after)
-                if ahead:
-                    notices.append(ahead)
-                return Reply(completion.text, after, completion.usage, notices, uids, completion.endpoint)
+                return self._turn(text, quote, attached, own, notices, origin, stream, on_delta, on_reset)
             except StoreError as exc:  # the store went away mid-turn: say what is known to be kept
-                count, last = self._recorded
-                if count == before or last is None:
-                    kept = ("nothing of this turn is confirmed saved (your message is still in the cell): re-run it "
-                            "when the store is reachable")
-                elif last.role == "user":
-                    kept = f"your message was saved as uid {last.uid}, the reply was not: re-run the cell to ask again"
-                else:
-                    kept = (f"your message and part of the reply were saved (up to uid {last.uid}), the rest was "
-                            "not: re-run the cell to ask again")
-                raise type(exc)(f"{exc}; {kept}") from exc
+                raise type(exc)(f"{exc}; {self._kept_since(before)}") from exc
+
+    def _turn(self, text: str, quote: bool, attached: list[tuple[str, str]], own: bool, notices: list[str],
+              origin: str, stream: bool, on_delta: Callable[[str], None] | None,
+              on_reset: Callable[[], None] | None) -> Reply:
+        """The body of `chat`, under its lock: the user's message, the tool loop, the state row."""
+        user = self.record_user(text, quote=quote, attached=attached, own=own, notices=notices, origin=origin)
+        uids = [user.uid]
+        schemas = self._tool_schemas()
+        completion: Completion | None = None
+        for round_no in range(self.settings.max_tool_rounds + 1):
+            plan = self.prepare_call()
+            notices.extend(plan.notices)
+            last_round = round_no == self.settings.max_tool_rounds
+            try:
+                completion, sent = self._call_with_ptl_retry(plan, None if last_round else (schemas or None),
+                                                             stream, on_delta, on_reset, notices)
+            except MfsError as exc:
+                self._log("failure", tier=plan.usage.tier, error=redact(str(exc)), uid=user.uid)
+                raise
+            notices.extend(self.observe_usage(sent, completion.usage))
+            assistant = self.record("assistant", completion.text, tool_calls=completion.tool_calls or None)
+            uids.append(assistant.uid)
+            if not completion.tool_calls:
+                break
+            for call in completion.tool_calls:
+                fn = call.get("function") or {}
+                try:
+                    result = call_tool(self.tools, fn.get("name", ""), fn.get("arguments", ""))
+                except Exception as exc:  # pairing never breaks: every call gets a result event
+                    result = f"error: the tool call could not be executed ({type(exc).__name__})"
+                event = self.record("tool", result, tool_call_id=call["id"], name=fn.get("name", ""))
+                uids.append(event.uid)
+        assert completion is not None
+        try:
+            self._save_meta()  # once per turn: the anchor and the uid high-water mark
+        except StoreError as exc:  # the turn itself is saved; the state row is written again next turn
+            notices.append(f"the session's state row was not saved ({exc}); this turn's events are, and "
+                           "the state is written again with the next turn")
+        after = self.usage()
+        ahead = self.compaction_ahead(after)
+        if ahead:
+            notices.append(ahead)
+        return Reply(completion.text, after, completion.usage, notices, uids, completion.endpoint)
+
+    def _kept_since(self, before: Event | None) -> str:
+        """What a turn that failed on the store had saved: nothing, the user's message, or more."""
+        last = self._last_recorded
+        if last is before or last is None:
+            return ("nothing of this turn is confirmed saved (your message is still in the cell): re-run it when the "
+                    "store is reachable")
+        if last.role == "user":
+            return f"your message was saved as uid {last.uid}, the reply was not: re-run the cell to ask again"
+        return (f"your message and part of the reply were saved (up to uid {last.uid}), the rest was not: re-run "
+                "the cell to ask again")
 
     def budget_note(self, usage: Usage) -> str:
         """The model's own view of its budget (`show_budget`): one line at the tail of the request."""

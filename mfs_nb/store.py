@@ -206,6 +206,15 @@ class UidConflict(StoreError):
 _FIRST_COMMIT = {b"mfs.duplicate_key_winner": b"first_commit"}
 
 
+def _create(db: Any, name: str, schema: pa.Schema, *, stable_ids: bool = False, data: pa.Table | None = None) -> Any:
+    """A new table; `stable_ids`: row ids in commit order that compaction keeps, said in the schema
+    (the events table: see `_winner`)."""
+    if not stable_ids:
+        return db.create_table(name, data=data, schema=schema)
+    return db.create_table(name, data=data, schema=schema.with_metadata(_FIRST_COMMIT),
+                           storage_options={"new_table_enable_stable_row_ids": "true"})
+
+
 def _winner(rows: list[dict[str, Any]], first_commit: bool = False) -> dict[str, Any] | None:
     """The row that holds a key, the same for every reader at any time.
 
@@ -310,7 +319,7 @@ class Store:
             self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0), session=_lance_session())
             self._check_core_tables()
             self._events = self._table("events", EVENTS_SCHEMA, stable_ids=True)
-            self._first_commit = (self._events.schema.metadata or {}).get(b"mfs.duplicate_key_winner") == b"first_commit"
+            self._first_commit = (self._events.schema.metadata or {}).items() >= _FIRST_COMMIT.items()
             _ensure_event_indexes(self._events)
             self._sessions = self._table("sessions", SESSIONS_SCHEMA)
             self._ledger = self._table("ledger", LEDGER_SCHEMA)
@@ -365,10 +374,7 @@ class Store:
             return self._db.open_table(name)
         except (FileNotFoundError, ValueError):
             try:
-                if stable_ids:  # row ids in commit order that compaction keeps: see `_winner`
-                    return self._db.create_table(name, schema=schema.with_metadata(_FIRST_COMMIT),
-                                                 storage_options={"new_table_enable_stable_row_ids": "true"})
-                return self._db.create_table(name, schema=schema)
+                return _create(self._db, name, schema, stable_ids=stable_ids)
             except Exception:  # another kernel created it between our two calls (a commit conflict on S3)
                 return self._db.open_table(name)
 
@@ -485,7 +491,8 @@ class Store:
         self._fold(self._events, "events")
 
     def _fold(self, table: Any, name: str) -> None:
-        """`_after_write` for any table written at every turn (the events, the session's state row)."""
+        """Every _OPTIMIZE_EVERY writes of this Store to the table `name`, fold it (see `_after_write`); for
+        every table written turn by turn: the log, the state row, leases, compactions, ledger, verdicts, vectors."""
         self._writes[name] = n = self._writes.get(name, 0) + 1
         if n % _OPTIMIZE_EVERY == 0:
             keep = _FOLD_KEEP_S if self.is_local else max(_FOLD_KEEP_S, _REMOTE_KEEP_S)
@@ -1172,6 +1179,4 @@ def rewrite_events(uri: str, rows: list[dict[str, Any]]) -> None:
         # the table's own schema, with its metadata: which row of two under a key counts stays the same
         table.add(pa.Table.from_pylist(rows, schema=table.schema), mode="overwrite")
     else:
-        db.create_table("events", data=pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA),
-                        schema=EVENTS_SCHEMA.with_metadata(_FIRST_COMMIT),
-                        storage_options={"new_table_enable_stable_row_ids": "true"})
+        _create(db, "events", EVENTS_SCHEMA, stable_ids=True, data=pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA))

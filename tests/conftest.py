@@ -70,18 +70,9 @@ S3_BUCKET = "mfs-test"
 def s3_endpoint() -> Any:
     """An S3-compatible server on 127.0.0.1 for the whole run (moto's, in a thread; no external
     service), with one bucket. Yields its endpoint URL."""
-    import logging
+    from mfs_nb.bench.storebench import start_s3
 
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test-key", aws_secret_access_key="test-secret",
-                 region_name="us-east-1").create_bucket(Bucket=S3_BUCKET)
+    server, endpoint = start_s3(S3_BUCKET)
     try:
         yield endpoint
     finally:
@@ -90,9 +81,9 @@ def s3_endpoint() -> Any:
 
 def use_s3(monkeypatch: pytest.MonkeyPatch, endpoint: str) -> None:
     """Credentials and endpoint as a user sets them: in the environment, never in the URI."""
-    for name, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test-key",
-                        "AWS_SECRET_ACCESS_KEY": "test-secret", "AWS_REGION": "us-east-1",
-                        "AWS_ALLOW_HTTP": "true", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+    from mfs_nb.bench.storebench import s3_env
+
+    for name, value in s3_env(endpoint).items():
         monkeypatch.setenv(name, value)
 
 

@@ -256,20 +256,17 @@ def test_the_store_going_away_mid_turn_says_what_was_kept(monkeypatch, tmp_path)
     written. With the store away before the turn, nothing is saved and the message is still in the cell."""
     import socket
 
-    import boto3
     from conftest import S3_BUCKET, use_s3
     from moto.server import ThreadedMotoServer
 
+    from mfs_nb.bench.storebench import start_s3
     from mfs_nb.errors import StoreError
 
-    with socket.socket() as sock:
+    with socket.socket() as sock:  # a port of our own, to start the server again on it
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
+    server, endpoint = start_s3(S3_BUCKET + "-away", port)
     use_s3(monkeypatch, endpoint)
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=S3_BUCKET + "-away")
     uri = f"s3://{S3_BUCKET}-away/{tmp_path.name}"
     running = [True]
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..session import Session
 from .data import Data
+from .storebench import _bytes
 
 NAME = "chats"
 NEEDS = ("locomo",)
@@ -34,10 +35,6 @@ def rss_mb() -> float:
     except (OSError, IndexError, ValueError):
         return 0.0
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
 def measure(folder: Path, texts: list[str], chats: int) -> dict[str, Any]:

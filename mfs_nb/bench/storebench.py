@@ -70,28 +70,43 @@ def _events_layout(folder: Path | str) -> tuple[int, int]:
     return info["versions"], info["fragments"]
 
 
+def s3_env(endpoint: str) -> dict[str, str]:
+    """Test credentials and the endpoint of a loopback S3 server, as a user sets them: in the environment."""
+    return {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test-key", "AWS_SECRET_ACCESS_KEY": "test-secret",
+            "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true", "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def start_s3(bucket: str, port: int = 0) -> tuple[Any, str]:
+    """moto's S3 server on 127.0.0.1 (in a thread, no external service) with `bucket` made: (server,
+    endpoint). ImportError where moto is not installed."""
+    import logging
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="test-key", aws_secret_access_key="test-secret",
+                 region_name="us-east-1").create_bucket(Bucket=bucket)
+    return server, endpoint
+
+
 @contextmanager
 def loopback_s3() -> Any:
-    """moto's S3 server on 127.0.0.1 with one bucket, its endpoint and test credentials in the
-    environment (children inherit them) while the block runs; None where moto is not installed."""
+    """A loopback S3 server with one bucket, its endpoint and credentials in the environment (children
+    inherit them) while the block runs; yields the bucket's URI, or None where moto is not installed."""
     try:
-        import boto3
-        from moto.server import ThreadedMotoServer
+        server, endpoint = start_s3(BUCKET)
     except ImportError:
         yield None
         return
-    import logging
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
-           "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true", "AWS_EC2_METADATA_DISABLED": "true"}
+    env = s3_env(endpoint)
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], region_name="us-east-1").create_bucket(Bucket=BUCKET)
         yield f"s3://{BUCKET}"
     finally:
         for k, v in saved.items():
