@@ -40,6 +40,7 @@ class Host:
     system_prompt: Callable[[], str] = lambda: ""
     summarizer: Callable[[], Any] = _nothing  # the model client that writes segment prose
     before_cover: Callable[[int], Any] = _nothing  # runs before uids up to N are covered by a segment
+    after_index: Callable[[int], Any] = _nothing  # runs in the index thread once uids up to N have vectors
     load_breaker: Callable[[], dict[str, Any] | None] = _nothing  # the saved circuit-breaker state
     save_breaker: Callable[[dict[str, Any]], None] = _nothing
     segments: Callable[[], Sequence[Any]] = lambda: ()  # the segment maps in force

@@ -220,6 +220,11 @@ class Indexer:
             embedder = self.model() if vectors else None
             if embedder is not None:
                 done["vector_rows"] = self._vectors(embedder, events, segments, turns, progress, batch, plain)
+                if plain and not self._stop:  # the user messages' verdicts, from the vectors just written
+                    try:
+                        self.s.after_index(store.recall_state(name, embedder.model_id)[0])
+                    except Exception as exc:  # the compaction that covers them classifies them itself
+                        self.s.log("verdicts_deferred", error=f"{type(exc).__name__}: {str(exc)[:200]}")
             if self._rows_since_optimize >= OPTIMIZE_EVERY:
                 self._rows_since_optimize = 0
                 info = store.optimize_recall(embedder.model_id if embedder is not None else None)

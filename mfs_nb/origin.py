@@ -164,9 +164,13 @@ def aligned_window(piece: str, norm_ref: str, positions: dict[str, int], n: int)
 
 
 def classify(text: str, recent: Sequence[tuple[int, str]], embed: Callable[[list[str]], np.ndarray] | None,
-             count_tokens: Callable[[str], int], *, cosine: float = COSINE, overlap: float = OVERLAP) -> Verdict:
+             count_tokens: Callable[[str], int], *, cosine: float = COSINE, overlap: float = OVERLAP,
+             own_vector: Sequence[float] | None = None, with_vector: bool = True) -> Verdict:
     """The origin of `text` given the assistant messages before it (`recent`, oldest first).
-    `embed` None means the vector layer is off: only the length rule applies.
+    `embed` None means the vector layer is off: only the length rule applies. The verdict's stored
+    vector is `own_vector` when given (the recall index's vector of the message's own words, so the
+    message is not embedded twice), else the mean of its opening chunks, else (`with_vector` False)
+    none: the disposition never depends on it.
 
     A chunk is compared, by embedding, with the stretch of the recent assistant message that
     shares most of its character n-grams (aligned on them), so a quote of half a paragraph is measured
@@ -200,10 +204,13 @@ def classify(text: str, recent: Sequence[tuple[int, str]], embed: Callable[[list
                 window = aligned_window(piece, joined, positions, n)
                 if window:
                     candidates.append((i, uid, share, window))
-        head = pieces[:VECTOR_CHUNKS]  # the stored origin vector: the message's opening chunks
-        vectors = embed(head + [_norm(pieces[i]) for i, *_ in candidates] + [w for *_, w in candidates])
-        mean = vectors[:len(head)].mean(axis=0)
-        vector = tuple(float(x) for x in mean / (np.linalg.norm(mean) or 1.0))
+        # the stored origin vector: the one given, else the mean of the message's opening chunks
+        head = pieces[:VECTOR_CHUNKS] if own_vector is None and with_vector else []
+        asked = head + [_norm(pieces[i]) for i, *_ in candidates] + [w for *_, w in candidates]
+        vectors = embed(asked) if asked else np.zeros((0, 1), dtype=np.float32)
+        if head or own_vector is not None:
+            mean = vectors[:len(head)].mean(axis=0) if head else np.asarray(own_vector, dtype=np.float32)
+            vector = tuple(float(x) for x in mean / (np.linalg.norm(mean) or 1.0))
         k = len(candidates)
         mine, theirs = vectors[len(head):len(head) + k], vectors[len(head) + k:]
         for (i, uid, share, _), a, b in zip(candidates, mine, theirs):

@@ -231,6 +231,7 @@ class Session:
             catch_up=self._catch_up, usage=lambda: self.usage(), view=lambda: self.send_view(),
             system_prompt=self._system, summarizer=lambda: self.summarizer,
             before_cover=lambda upto: self.verbatim.classify_pending(upto),
+            after_index=lambda upto: self.verbatim.indexed(upto),
             load_breaker=lambda: self._breaker, save_breaker=self._save_breaker,
             segments=lambda: [x for x in self.compactor.segments if x is not self.compactor.trial],
             embedder=lambda load: self.verbatim.vector_layer() if load else self.verbatim.loaded_layer(),
@@ -532,10 +533,11 @@ class Session:
         from .track import _row
 
         models = {uid: d.get("model", "") for uid, d in self.store.load_verdicts(self.name).items()}
-        rows = [_row(uid, v, models.get(uid, "")) for uid, v in self.verbatim.verdicts.items() if uid <= upto]
+        verdicts = dict(self.verbatim.verdicts)  # the index thread may add to it meanwhile
+        rows = [_row(uid, v, models.get(uid, "")) for uid, v in verdicts.items() if uid <= upto]
         if rows:
             child.store.save_verdicts(child.name, rows)
-            for uid, v in self.verbatim.verdicts.items():
+            for uid, v in verdicts.items():
                 if uid <= upto:
                     child.verbatim.verdicts.setdefault(uid, v)
 

@@ -1,8 +1,9 @@
 """The user-verbatim track of one session (DESIGN §4): classifications, vectors, the rendered track.
 
 Each user message gets one `Verdict`, written once to the store (explicit channels when the
-message is recorded; inferred ones when the message leaves the raw tail), so a restart renders
-the same bytes. The track is a function of (covered prefix, verdicts, budget): it changes only
+message is recorded; inferred ones in the recall index's thread once the message has its vectors,
+or at the latest when it leaves the raw tail), so a restart renders the same bytes. A verdict
+depends only on the message and the replies before it, so when it is made does not change it. The track is a function of (covered prefix, verdicts, budget): it changes only
 when the covered prefix moves, i.e. at compaction events.
 
 The vector layer is switched off for the whole process — and classification falls back to
@@ -70,20 +71,21 @@ def gate_probe() -> list[dict[str, Any]]:
     return json.loads(resources.files("mfs_nb").joinpath("data/gate_probe.json").read_text(encoding="utf-8"))
 
 
-def prefetch(embedder: CachedEmbedder, jobs: Sequence[tuple[str, Sequence[tuple[int, str]]]]) -> None:
-    """Embed in one batch every text that classifying `jobs` (text, recent replies) will ask for.
-    Which texts `origin.classify` embeds depends on n-gram overlaps only, never on the vectors, so a
-    dry run with placeholder vectors names them all; one call to the model costs about what one
-    text does (its per-call overhead dominates), and the real runs then hit the cache."""
+def prefetch(embedder: CachedEmbedder,
+             jobs: Sequence[tuple[str, Sequence[tuple[int, str]], Sequence[float] | None, bool]]) -> None:
+    """Embed in one call every text that classifying `jobs` (text, recent replies, own vector or
+    None, whether an origin vector is wanted) will ask for. Which texts `origin.classify` embeds depends on n-gram overlaps only, never
+    on the vectors, so a dry run with placeholder vectors names them all; the real runs then hit
+    the cache."""
     wanted: list[str] = []
 
     def record(texts: list[str]) -> np.ndarray:
         wanted.extend(texts)
         return np.ones((len(texts), 8), dtype=np.float32)
 
-    for text, recent in jobs:
+    for text, recent, own, with_vector in jobs:
         try:
-            origin.classify(text, recent, record, estimate_tokens)
+            origin.classify(text, recent, record, estimate_tokens, own_vector=own, with_vector=with_vector)
         except Exception:  # the real run decides; this only warms the cache
             pass
     if wanted:
@@ -95,7 +97,7 @@ def gate(embedder: CachedEmbedder) -> str | None:
     problem = embed.quality_problem(embedder.inner)
     if problem:
         return problem
-    prefetch(embedder, [(text, list(enumerate(item["context"], start=1)))
+    prefetch(embedder, [(text, list(enumerate(item["context"], start=1)), None, True)
                         for item in gate_probe() for text in item["own"] + item["quote"]])
     own_m: list[float] = []
     quote_m: list[float] = []
@@ -205,6 +207,7 @@ class VerbatimTrack:
         self.off_reason: str | None = None
         self.notices: list[str] = []
         self._built: tuple[tuple[int, int], origin.Track | None] | None = None
+        self._unvectored: set[int] | None = None  # classified in a turn, origin vector still to come
 
     # -- the vector layer ------------------------------------------------------------------
     def vector_layer(self) -> CachedEmbedder | None:
@@ -240,62 +243,88 @@ class VerbatimTrack:
             self.s.store.save_verdicts(self.s.name, [_row(uid, verdict, model)])
             self.verdicts.setdefault(uid, verdict)
 
-    def classify_pending(self, upto: int) -> int:
-        """Give every user message up to `upto` its verdict (once). Returns how many were new."""
+    def classify_pending(self, upto: int, in_turn: bool = True) -> int:
+        """Give every user message up to `upto` its verdict (once). Returns how many were new.
+
+        In a turn (a compaction about to cover them), with the recall index on, only what the
+        disposition needs is embedded (chunks that may quote a reply); a message the index has not
+        embedded yet gets its origin vector when the index reaches it (`indexed`)."""
         with self._lock:
             events = self.s.events()
             todo = [e for e in events if e.role == "user" and e.uid <= upto and e.uid not in self.verdicts]
             if not todo:
                 return 0
             embedder = self.vector_layer()
-            if embedder is not None:
-                self._preload(embedder, todo, events)  # vectors the recall index already stored
+            own = self._own_vectors(embedder, todo) if embedder is not None else {}
+            later = in_turn and self.s.settings().recall_index  # origin vectors the index will give
             if embedder is not None and len(todo) > 1:
                 try:
-                    prefetch(embedder, [(e.content, _recent(e, events)) for e in todo])
+                    prefetch(embedder, [(e.content, _recent(e, events), own.get(e.uid), not later) for e in todo])
                 except Exception:  # each message is still classified (or made own words) below
                     pass
             rows, vectors, counts = [], [], {d: 0 for d in origin.DISPOSITIONS}
             for e in todo:
-                verdict = self._classify(e, events, embedder)
+                verdict = self._classify(e, events, embedder, own.get(e.uid), not later)
                 rows.append(_row(e.uid, verdict, embedder.model_id if embedder else ""))
                 if verdict.vector:
                     vectors.append((e.uid, list(verdict.vector)))
+                elif embedder is not None and self._unvectored is not None:
+                    self._unvectored.add(e.uid)
                 self.verdicts[e.uid] = verdict
                 counts[verdict.disposition] += 1
             self.s.store.save_verdicts(self.s.name, rows)
-            if embedder is not None and vectors:
-                try:
-                    self.s.store.save_vectors(embedder.model_id, self.s.name, vectors)
-                except Exception as exc:  # vectors are a record, not needed to render the track; the ledger says so
-                    self.s.log("vector_write_failed", upto=upto, vectors=len(vectors),
-                                error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+            if embedder is not None:
+                self._save_vectors(embedder, vectors, upto)
             self.s.log("origin", upto=upto, **{k.replace("+", "_"): v for k, v in counts.items() if v})
             return len(todo)
 
-    def _preload(self, embedder: CachedEmbedder, todo: Sequence[Event], events: Sequence[Event]) -> None:
-        """Hand the classifier the vectors the recall index already stored for these messages' own
-        words, so a message is embedded once (the index usually writes it first)."""
-        from .index import event_text
-        from .search import chunks
+    def indexed(self, upto: int) -> None:
+        """The recall index has vectors for uids up to `upto` (its thread calls this): the verdicts
+        of the user messages among them, and the origin vectors of those classified in a turn before."""
+        self.classify_pending(upto, in_turn=False)
+        with self._lock:
+            embedder = self.loaded_layer()
+            if embedder is None:
+                return
+            if self._unvectored is None:  # once per process: verdicts an earlier one left without a vector
+                models = self.s.store.load_verdicts(self.s.name)
+                have = self.s.store.vector_uids(embedder.model_id, self.s.name)
+                self._unvectored = {uid for uid, d in models.items()
+                                    if d.get("model") == embedder.model_id and uid not in have}
+            wanted = [e for e in self.s.events() if e.uid in self._unvectored and e.uid <= upto]
+            if not wanted:
+                return
+            own = self._own_vectors(embedder, wanted)
+            vectors = []
+            for uid, v in own.items():
+                norm = np.linalg.norm(v) or 1.0
+                vectors.append((uid, [float(x) / norm for x in v]))
+            self._save_vectors(embedder, vectors, upto)
+            self._unvectored -= set(own)
 
-        wanted = list(todo)
-        try:
-            stored = self.s.store.stored_vectors(embedder.model_id, self.s.name, [e.uid for e in wanted])
-        except Exception:  # the index is derived data; without it the classifier embeds as before
+    def _save_vectors(self, embedder: CachedEmbedder, vectors: list[tuple[int, list[float]]], upto: int) -> None:
+        if not vectors:
             return
-        pairs = []
-        for e in wanted:
-            if e.uid in stored:
-                head = chunks(event_text(e))
-                if head:
-                    pairs.append((head[0], stored[e.uid]))
-        embedder.preload(pairs)
+        try:
+            self.s.store.save_vectors(embedder.model_id, self.s.name, vectors)
+        except Exception as exc:  # vectors are a record, not needed to render the track; the ledger says so
+            self.s.log("vector_write_failed", upto=upto, vectors=len(vectors),
+                       error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
 
-    def _classify(self, event: Event, events: Sequence[Event], embedder: CachedEmbedder | None) -> Verdict:
+    def _own_vectors(self, embedder: CachedEmbedder, todo: Sequence[Event]) -> dict[int, list[float]]:
+        """The recall index's vectors of these messages' own words (it usually writes them first): a
+        message the index embedded is not embedded again for its stored origin vector."""
+        try:
+            return self.s.store.stored_vectors(embedder.model_id, self.s.name, [e.uid for e in todo])
+        except Exception:  # the index is derived data; without it the classifier embeds as before
+            return {}
+
+    def _classify(self, event: Event, events: Sequence[Event], embedder: CachedEmbedder | None,
+                  own_vector: Sequence[float] | None = None, with_vector: bool = True) -> Verdict:
         try:
             recent = _recent(event, events)
-            verdict = origin.classify(event.content, recent, embedder, estimate_tokens)
+            verdict = origin.classify(event.content, recent, embedder, estimate_tokens, own_vector=own_vector,
+                                      with_vector=with_vector)
             if verdict.disposition == origin.DOCUMENT:
                 snap = snapshots.write(self.s.store.files, event.content, "message")
                 verdict = Verdict(origin.DOCUMENT, verdict.source, "", None, verdict.score, verdict.chars,

@@ -37,11 +37,11 @@ def covered_ok(s: Session) -> None:
         assert (e.uid in raw) + inside == 1, f"uid {e.uid}: raw={e.uid in raw} spans={inside}"
 
 
-def test_coverage_holds_at_every_turn_over_220_turns(store_dir):
+def test_coverage_holds_at_every_turn_over_160_turns(store_dir):
     fake = FakeLLM(default="Noted, I will keep the pool under the limit you gave.")
     s = Session("long", store=store_dir, window_tokens=4096, llm=fake, background_compaction=False)
     peak = 0
-    for i in range(220):
+    for i in range(160):
         s.chat(chatty(i))
         covered_ok(s)
         peak = max(peak, s.last_plan.usage.tokens)
@@ -91,7 +91,7 @@ def test_segment_text_has_header_honesty_line_prose_and_facts(store_dir):
 
 def test_replay_is_deterministic_with_the_offline_default(tmp_path):
     msgs = []
-    for i in range(120):
+    for i in range(80):
         msgs += [{"role": "user", "content": chatty(i)}, {"role": "assistant", "content": f"Answer {i}: keep it at {i % 9}."}]
     a = replay(normalise(msgs), window=4096)
     b = replay(normalise(msgs), window=4096)

@@ -197,6 +197,15 @@ def test_vectors_are_stored_per_model_and_the_classifier_reads_them(store_dir, m
     s = _fts_session(store_dir)
     emb = _Embedder()
     monkeypatch.setattr(s.indexer, "model", lambda: emb)
+
+    class NoEmbedding:
+        model_id = "fake/8d"
+
+        def embed(self, texts):
+            raise AssertionError(f"embedded again: {texts}")
+
+    # the classifier's embedder (the same model in production) reads the stored vectors, embeds nothing
+    monkeypatch.setattr(s.verbatim, "vector_layer", lambda: CachedEmbedder(NoEmbedding()))
     s.record("user", "tea and toast at sunrise", new_turn=True)
     s.record("assistant", "zzz")
     s.record("user", "coffee at noon", new_turn=True)
@@ -207,16 +216,11 @@ def test_vectors_are_stored_per_model_and_the_classifier_reads_them(store_dir, m
     calls = emb.calls
     s.indexer.catch_up()
     assert emb.calls == calls  # nothing embedded twice
-
-    class NoEmbedding:
-        model_id = "fake/8d"
-
-        def embed(self, texts):
-            raise AssertionError(f"embedded again: {texts}")
-
-    cached = CachedEmbedder(NoEmbedding())  # the classifier's embedder reads the stored vectors
-    s.verbatim._preload(cached, [e for e in s.events if e.role == "user"], s.events)
-    assert np.allclose(cached(["coffee at noon", "tea and toast at sunrise"]), [stored[3], stored[1]])
+    # the index thread gave both messages their verdicts; each origin vector is the index's own-words one
+    assert set(s.verbatim.verdicts) == {1, 3} and s.store.vector_uids("fake/8d", "s") == {1, 3}
+    for uid in (1, 3):
+        v = np.asarray(stored[uid])
+        assert np.allclose(s.verbatim.verdicts[uid].vector, v / np.linalg.norm(v), atol=1e-6)
     other = _Embedder("fake/other")
     monkeypatch.setattr(s.indexer, "model", lambda: other)
     s.indexer.catch_up()  # a new embedder: its own table, filled from the start
@@ -224,6 +228,50 @@ def test_vectors_are_stored_per_model_and_the_classifier_reads_them(store_dir, m
     assert recall_vectors_name("fake/8d") != recall_vectors_name("fake/other")
     hits = s.search("toast", 2)
     assert hits.methods == ("fts", "vector") and hits[0].uid == 1
+
+
+def test_a_message_classified_in_a_turn_gets_its_origin_vector_when_the_index_reaches_it(store_dir, monkeypatch):
+    """A compaction that outruns the index classifies inside the turn without embedding the message
+    (nothing there quotes a reply); the index thread writes its origin vector afterwards."""
+    s = _fts_session(store_dir)
+    s.indexer.enabled = False  # only the explicit catch-up below indexes
+    emb = _Embedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+
+    class NoEmbedding:
+        model_id = "fake/8d"
+
+        def embed(self, texts):
+            raise AssertionError(f"embedded inside the turn: {texts}")
+
+    cached = CachedEmbedder(NoEmbedding())
+    monkeypatch.setattr(s.verbatim, "vector_layer", lambda: cached)
+    monkeypatch.setattr(s.verbatim, "loaded_layer", lambda: cached)
+    s.record("user", "the pool holds 20 connections", new_turn=True)
+    s.record("assistant", "zzz")
+    s.record("user", "and the report lives in reports/week_3.md", new_turn=True)
+    assert s.verbatim.classify_pending(3, in_turn=True) == 2
+    assert {u: v.disposition for u, v in s.verbatim.verdicts.items()} == {1: "own", 3: "own"}
+    assert not any(v.vector for v in s.verbatim.verdicts.values())
+    assert s.store.vector_uids("fake/8d", "s") == set()
+    s.indexer.catch_up()
+    assert s.store.vector_uids("fake/8d", "s") == {1, 3}
+    stored = s.store.stored_vectors("fake/8d", "s", [1, 3])
+    kept = s.store.load_vectors("fake/8d", "s")
+    for uid in (1, 3):
+        v = np.asarray(stored[uid])
+        assert np.allclose(kept[uid], v / np.linalg.norm(v), atol=1e-6)
+    # a new process finds what an earlier one left without a vector
+    s2 = _fts_session(store_dir)
+    s2.indexer.enabled = False
+    s2.record("user", "one more", new_turn=True)
+    monkeypatch.setattr(s2.indexer, "model", lambda: emb)
+    monkeypatch.setattr(s2.verbatim, "vector_layer", lambda: cached)
+    monkeypatch.setattr(s2.verbatim, "loaded_layer", lambda: cached)
+    s2.verbatim.classify_pending(4, in_turn=True)
+    s2.verbatim._unvectored = None  # as a restart would have it
+    s2.indexer.catch_up()
+    assert s2.store.vector_uids("fake/8d", "s") == {1, 3, 4}
 
 
 class _LatentEmbedder(_Embedder):
