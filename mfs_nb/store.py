@@ -20,7 +20,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -651,16 +651,20 @@ class Store:
 
 
     # -- table maintenance (`%mfs optimize`) --------------------------------------------------
-    def maintain(self, keep_s: float = 86_400.0) -> dict[str, Any]:
+    def maintain(self, keep_s: float = 86_400.0, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Compact every table's small fragments and remove versions older than `keep_s` seconds (a
         reader or writer still on an older version, and `mfs-nb doctor`'s salvage, need them no longer
         than that); on object storage, shared by machines whose clocks may differ, versions are kept
         at least `_REMOTE_KEEP_S` (an hour) whatever `keep_s` says. Returns, per
         table, versions, fragments and bytes before and after; a table that fails is reported, the
-        others go on. Nothing a session reads is changed: only how the tables are laid out."""
+        others go on. Nothing a session reads is changed: only how the tables are laid out. `stop()`
+        true between two tables ends it there (`stopped` in the report)."""
         started = time.monotonic()
-        report: dict[str, Any] = {"tables": {}, "errors": {}}
+        report: dict[str, Any] = {"tables": {}, "errors": {}, "stopped": False}
         for name in sorted(_table_names(self._db)):
+            if stop is not None and stop():
+                report["stopped"] = True
+                break
             try:
                 table = self._db.open_table(name)
                 before = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)

@@ -32,6 +32,8 @@ def _isolated_env(monkeypatch: pytest.MonkeyPatch, tmp_path, _machine_cache) -> 
     # background embedding would compete with every test for two cores: tests that need the recall
     # index switch it on (recall_index=True)
     monkeypatch.setenv("MFS_RECALL_INDEX", "false")
+    # likewise the fold at quiet moments: a session a test left behind would fold its store a minute later
+    monkeypatch.setenv("MFS_QUIET_MAINTENANCE_S", "0")
 
 
 @pytest.fixture

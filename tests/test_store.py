@@ -147,6 +147,59 @@ def test_optimize_folds_versions_and_fragments_and_loses_nothing(store_uri, tmp_
         other.compactor._release()
 
 
+def test_a_quiet_moment_folds_the_store_once_and_loses_nothing(store_dir, monkeypatch):
+    """Issue 19, maintenance at quiet moments: a second after the last turn the session folds every
+    table in the background (a `maintenance` ledger row, trigger quiet); once per quiet stretch."""
+    import time
+
+    from mfs_nb import session as session_module
+
+    monkeypatch.setattr(session_module, "QUIET_KEEP_S", 0.5)
+    s = Session("quiet", store=store_dir, llm=FakeLLM(prompt_tokens=300), quiet_maintenance_s=1)
+    for i in range(25):
+        s.chat(f"turn {i}: keep the pool under {20 + i}")
+    events, payload = s.events, s.send_view().messages
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not [r for r in s.ledger() if r["kind"] == "maintenance"]:
+        time.sleep(0.2)
+    rows = [r for r in s.ledger() if r["kind"] == "maintenance"]
+    assert len(rows) == 1 and rows[0]["trigger"] == "quiet" and not rows[0]["errors"] and not rows[0]["stopped"]
+    assert rows[0]["fragments"][1] < rows[0]["fragments"][0] and rows[0]["versions"][1] < rows[0]["versions"][0]
+    time.sleep(1.5)  # quiet on: nothing was written since, so no second run
+    assert len([r for r in s.ledger() if r["kind"] == "maintenance"]) == 1 and s._quiet.runs == 1
+    again = Session("quiet", store=store_dir, llm=FakeLLM())
+    assert again.events == events and again.send_view().messages == payload
+    s.chat("still usable after maintenance")
+
+
+def test_a_turn_that_starts_stops_the_quiet_fold_between_tables():
+    from mfs_nb.quiet import Quiet
+
+    seen: list[bool] = []
+    started, release = threading.Event(), threading.Event()
+
+    def work(stop):
+        started.set()
+        seen.append(stop())
+        release.wait(10)
+        seen.append(stop())
+
+    q = Quiet(work, lambda: 1.0)
+    q.turn_started()
+    q.turn_ended()
+    assert started.wait(10)
+    q.turn_started()  # a turn begins while the fold runs: it is told to stop
+    release.set()
+    for _ in range(100):
+        if q.runs:
+            break
+        threading.Event().wait(0.05)
+    assert seen == [False, True] and q.runs == 1
+    off = Quiet(work, lambda: 0.0)  # quiet_maintenance_s = 0: no thread at all
+    off.turn_ended()
+    assert off._thread is None
+
+
 def test_mfs_optimize_magic(ip, capsys):
     ip.run_cell("%%chat\nhello", store_history=True)
     capsys.readouterr()

@@ -1,0 +1,79 @@
+"""Table maintenance at quiet moments (issue 19).
+
+Every write to a LanceDB table is a version and, until the table is folded, a fragment of its own.
+Turns fold the tables they write now and then (`Store._fold`), keeping the versions of the last
+seconds for readers in other kernels; what a busy stretch leaves behind (the versions and loose
+fragments of its last seconds, the tables no fold reached, what the recall index wrote after the
+last turn) is folded when the session has been quiet for `quiet_maintenance_s` seconds, by one
+background thread per session at the lowest priority. A turn that starts meanwhile stops it
+between two tables, so it waits for at most one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+
+class Quiet:
+    """Runs `work(stop)` once after each stretch of turns, when none has started for `quiet_s()`
+    seconds; `stop()` tells the work that a turn is waiting."""
+
+    def __init__(self, work: Callable[[Callable[[], bool]], Any], quiet_s: Callable[[], float], name: str = ""):
+        self._work = work
+        self._quiet_s = quiet_s
+        self._name = name
+        self._last = time.monotonic()
+        self._due = False  # a turn ended since the last run
+        self._turns = 0  # turns started (a run stops when this moves)
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.runs = 0
+
+    def turn_started(self) -> None:
+        with self._lock:
+            self._turns += 1
+
+    def turn_ended(self) -> None:
+        """After a turn (whatever its outcome) or a background write (the recall index): start the
+        clock again, and the thread if needed."""
+        if self._quiet_s() <= 0:
+            return
+        with self._lock:
+            self._last, self._due = time.monotonic(), True
+            self._wake.set()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, daemon=True, name=f"mfs-quiet-{self._name}")
+                self._thread.start()
+
+    def _loop(self) -> None:
+        from .index import _lower_priority
+
+        _lower_priority()
+        while True:
+            quiet = self._quiet_s()
+            with self._lock:
+                if quiet <= 0 or not self._due:
+                    self._thread = None
+                    return
+                left = self._last + quiet - time.monotonic()
+                if left <= 0:
+                    self._due = False
+                    turns = self._turns
+                self._wake.clear()
+            if left > 0:
+                self._wake.wait(left)
+                continue
+            try:
+                self._work(lambda started=turns: self._turns != started)
+            except Exception:  # maintenance is an optimisation; the work logs what it did
+                pass
+            self.runs += 1
+
+    def settled(self) -> bool:
+        """Nothing written since the last fold, and no fold waiting or under way."""
+        with self._lock:
+            return not self._due and (self._thread is None or not self._thread.is_alive())
