@@ -29,6 +29,20 @@ QUICK_CHATS = 500
 EVERY = 100
 WINDOW = 32_000  # a small model's window: compaction cycles many times over the run (at 128k it starts near chat 800)
 REST_LIMIT_S = 1_800  # the longest the suite waits for the session to come to rest after the last chat
+QUICK_REST_LIMIT_S = 150
+# what each table of the store is for, in the breakdown of its size
+PARTS = (("the log and session state", ("events", "sessions", "compactions", "leases", "ledger", "calls")),
+         ("the recall index", ("recall_",)), ("verdicts and origin vectors", ("verbatim", "vectors_")))
+
+
+def breakdown(folder: Path) -> dict[str, float]:
+    """MB on disk per part of the store (PARTS), from its table folders."""
+    out = {name: 0.0 for name, _ in PARTS}
+    for table in folder.glob("*.lance"):
+        part = next((name for name, prefixes in PARTS if table.name.startswith(prefixes)), None)
+        if part is not None:
+            out[part] += _bytes(table) / 1e6
+    return out
 
 
 def rss_mb() -> float:
@@ -40,7 +54,7 @@ def rss_mb() -> float:
     return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def measure(folder: Path, texts: list[str], chats: int) -> dict[str, Any]:
+def measure(folder: Path, texts: list[str], chats: int, rest_limit_s: float = REST_LIMIT_S) -> dict[str, Any]:
     s = Session("load", store=folder, model="mfs-offline/default", window_tokens=WINDOW)
     start_mb = rss_mb()
     times: list[float] = []
@@ -57,16 +71,18 @@ def measure(folder: Path, texts: list[str], chats: int) -> dict[str, Any]:
     end_mb = rss_mb()
     busy = _bytes(folder)
     begun = time.monotonic()
-    indexed = s.indexer.wait(REST_LIMIT_S)
-    while not s._quiet.settled() and time.monotonic() - begun < REST_LIMIT_S:
+    indexed = s.indexer.wait(rest_limit_s)
+    while not s._quiet.settled() and time.monotonic() - begun < rest_limit_s:
         time.sleep(1.0)
     rest_s, at_rest = time.monotonic() - begun, indexed and s._quiet.settled()
     size = _bytes(folder)
+    parts = breakdown(folder)
+    vectors_done = s.store.recall_state(s.name, s.indexer.model().model_id)[0] if s.indexer.model() else 0
     first, last = statistics.median(times[:EVERY]), statistics.median(times[-EVERY:])
     return {"chats": chats, "events": len(s.events), "segments": len(s.compactor.segments),
             "text_mb": text / 1e6, "store_mb": size / 1e6, "store_x_text": size / max(text, 1),
             "store_busy_mb": busy / 1e6, "busy_x_text": busy / max(text, 1), "rest_s": rest_s,
-            "at_rest": at_rest, "quiet_folds": s._quiet.runs,
+            "at_rest": at_rest, "quiet_folds": s._quiet.runs, "indexed_to": vectors_done, "parts": parts,
             "first100_ms": 1000 * first, "last100_ms": 1000 * last, "last_over_first": last / first,
             "max_ms": 1000 * max(times), "slowest_chat": times.index(max(times)) + 1,
             "rss_start_mb": start_mb, "rss_100_mb": marks[0]["rss_mb"], "rss_end_mb": end_mb,
@@ -77,7 +93,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     texts = [m["content"] for c in data.get("locomo") for m in c["messages"] if m["content"].strip()]
     chats = QUICK_CHATS if quick else CHATS
     with tempfile.TemporaryDirectory(prefix="mfs-chats-", ignore_cleanup_errors=True) as tmp:
-        r = measure(Path(tmp) / "store", texts, chats)
+        r = measure(Path(tmp) / "store", texts, chats, QUICK_REST_LIMIT_S if quick else REST_LIMIT_S)
     step = max(1, len(r["marks"]) // 10)
     curve = [[f"{m['chats']:,}", f"{m['median_ms']:.0f}", f"{m['max_ms']:.0f}", f"{m['rss_mb']:.0f}"]
              for m in r["marks"][step - 1::step]]
@@ -91,6 +107,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
         ["slowest chat", f"{r['max_ms']:.0f} ms (chat {r['slowest_chat']:,})", "≤ 2,000 ms"],
     ]
     metrics = {k: round(v, 4) for k, v in r.items() if isinstance(v, (int, float))}
+    metrics.update({f"part_mb:{name}": round(mb, 3) for name, mb in r["parts"].items()})
     return {
         "title": f"{chats:,} offline chats in one session",
         "tables": [
@@ -106,7 +123,10 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             f"({r['rss_start_mb']:.0f} MB before the first chat), growth measured at the last chat",
             f"store right after the last chat: {r['store_busy_mb']:.1f} MB ({r['busy_x_text']:.1f} × its text); "
             f"at rest {r['rest_s']:.0f} s later" + ("" if r["at_rest"] else " (not at rest yet: the suite's wait ran out)")
-            + f", after the recall index caught up and the quiet-moment fold ran ({r['quiet_folds']} folds in all)",
+            + f", after the recall index caught up and the quiet-moment fold ran ({r['quiet_folds']} folds in all); "
+            f"the index had vectors up to uid {r['indexed_to']:,} of {r['events']:,}",
+            "the store at rest by part: " + ", ".join(f"{name} {mb:.1f} MB ({mb / max(r['text_mb'], 1e-9):.1f} × the text)"
+                                                      for name, mb in r["parts"].items()),
         ] + ([f"quick run: {QUICK_CHATS} chats"] if quick else []),
         "metrics": metrics,
     }
