@@ -714,9 +714,11 @@ class Compactor:
         """At the warn line: compress cold history into an L0 segment from a snapshot, off the turn."""
         if self.pending is not None or self.breaker_open:
             return False
+        if not self.choose(effective)[0]:  # nothing cold to compress: the lease (two writes, three reads) is not taken
+            return False
         if self._acquire(0.0):
             return False
-        events, _ = self.choose(effective)
+        events, _ = self.choose(effective)  # again: the lease brought what other kernels declared
         if not events:
             self._release()
             return False
