@@ -193,19 +193,21 @@ class _Embedder:
         return rows / np.linalg.norm(rows, axis=1, keepdims=True)
 
 
+class _NoEmbedding:
+    """The classifier's side of `_Embedder`'s model: any text it embeds fails the test."""
+
+    model_id = "fake/8d"
+
+    def embed(self, texts):
+        raise AssertionError(f"embedded again: {texts}")
+
+
 def test_vectors_are_stored_per_model_and_the_classifier_reads_them(store_dir, monkeypatch):
     s = _fts_session(store_dir)
     emb = _Embedder()
     monkeypatch.setattr(s.indexer, "model", lambda: emb)
-
-    class NoEmbedding:
-        model_id = "fake/8d"
-
-        def embed(self, texts):
-            raise AssertionError(f"embedded again: {texts}")
-
     # the classifier's embedder (the same model in production) reads the stored vectors, embeds nothing
-    monkeypatch.setattr(s.verbatim, "vector_layer", lambda: CachedEmbedder(NoEmbedding()))
+    monkeypatch.setattr(s.verbatim, "vector_layer", lambda: CachedEmbedder(_NoEmbedding()))
     s.record("user", "tea and toast at sunrise", new_turn=True)
     s.record("assistant", "zzz")
     s.record("user", "coffee at noon", new_turn=True)
@@ -237,14 +239,7 @@ def test_a_message_classified_in_a_turn_gets_its_origin_vector_when_the_index_re
     s.indexer.enabled = False  # only the explicit catch-up below indexes
     emb = _Embedder()
     monkeypatch.setattr(s.indexer, "model", lambda: emb)
-
-    class NoEmbedding:
-        model_id = "fake/8d"
-
-        def embed(self, texts):
-            raise AssertionError(f"embedded inside the turn: {texts}")
-
-    cached = CachedEmbedder(NoEmbedding())
+    cached = CachedEmbedder(_NoEmbedding())
     monkeypatch.setattr(s.verbatim, "vector_layer", lambda: cached)
     monkeypatch.setattr(s.verbatim, "loaded_layer", lambda: cached)
     s.record("user", "the pool holds 20 connections", new_turn=True)
