@@ -163,6 +163,12 @@ def aligned_window(piece: str, norm_ref: str, positions: dict[str, int], n: int)
     return norm_ref[start:start + len(p)]
 
 
+def unit(vector: Sequence[float] | np.ndarray) -> tuple[float, ...]:
+    """A stored origin vector: `vector` scaled to length 1."""
+    v = np.asarray(vector, dtype=np.float32)
+    return tuple(float(x) for x in v / (np.linalg.norm(v) or 1.0))
+
+
 def classify(text: str, recent: Sequence[tuple[int, str]], embed: Callable[[list[str]], np.ndarray] | None,
              count_tokens: Callable[[str], int], *, cosine: float = COSINE, overlap: float = OVERLAP,
              own_vector: Sequence[float] | None = None, with_vector: bool = True) -> Verdict:
@@ -209,8 +215,7 @@ def classify(text: str, recent: Sequence[tuple[int, str]], embed: Callable[[list
         asked = head + [_norm(pieces[i]) for i, *_ in candidates] + [w for *_, w in candidates]
         vectors = embed(asked) if asked else np.zeros((0, 1), dtype=np.float32)
         if head or own_vector is not None:
-            mean = vectors[:len(head)].mean(axis=0) if head else np.asarray(own_vector, dtype=np.float32)
-            vector = tuple(float(x) for x in mean / (np.linalg.norm(mean) or 1.0))
+            vector = unit(vectors[:len(head)].mean(axis=0) if head else own_vector)
         k = len(candidates)
         mine, theirs = vectors[len(head):len(head) + k], vectors[len(head) + k:]
         for (i, uid, share, _), a, b in zip(candidates, mine, theirs):

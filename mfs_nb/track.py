@@ -3,8 +3,9 @@
 Each user message gets one `Verdict`, written once to the store (explicit channels when the
 message is recorded; inferred ones in the recall index's thread once the message has its vectors,
 or at the latest when it leaves the raw tail), so a restart renders the same bytes. A verdict
-depends only on the message and the replies before it, so when it is made does not change it. The track is a function of (covered prefix, verdicts, budget): it changes only
-when the covered prefix moves, i.e. at compaction events.
+depends only on the message and the replies before it, so when it is made does not change it.
+The track is a function of (covered prefix, verdicts, budget): it changes only when the covered
+prefix moves, i.e. at compaction events.
 
 The vector layer is switched off for the whole process — and classification falls back to
 explicit channels plus length — when the embedder fails the quality gate or the built-in probe
@@ -58,13 +59,6 @@ class CachedEmbedder:
                 self._vectors.update((t, known[t]) for t in need)
         return np.stack([known[t] for t in texts])
 
-    def preload(self, pairs: list[tuple[str, list[float]]]) -> int:
-        """Vectors already stored for these texts (by the recall index): not embedded again."""
-        with self._lock:
-            new = [(t, np.asarray(v, dtype=np.float32)) for t, v in pairs if t not in self._vectors]
-            self._vectors.update(new)
-        return len(new)
-
 
 def gate_probe() -> list[dict[str, Any]]:
     """The small labelled probe shipped with the package (own replies vs copies, EN and ZH)."""
@@ -74,9 +68,9 @@ def gate_probe() -> list[dict[str, Any]]:
 def prefetch(embedder: CachedEmbedder,
              jobs: Sequence[tuple[str, Sequence[tuple[int, str]], Sequence[float] | None, bool]]) -> None:
     """Embed in one call every text that classifying `jobs` (text, recent replies, own vector or
-    None, whether an origin vector is wanted) will ask for. Which texts `origin.classify` embeds depends on n-gram overlaps only, never
-    on the vectors, so a dry run with placeholder vectors names them all; the real runs then hit
-    the cache."""
+    None, whether an origin vector is wanted) will ask for. Which texts `origin.classify` embeds
+    depends on n-gram overlaps only, never on the vectors, so a dry run with placeholder vectors
+    names them all; the real runs then hit the cache."""
     wanted: list[str] = []
 
     def record(texts: list[str]) -> np.ndarray:
@@ -295,11 +289,7 @@ class VerbatimTrack:
             if not wanted:
                 return
             own = self._own_vectors(embedder, wanted)
-            vectors = []
-            for uid, v in own.items():
-                norm = np.linalg.norm(v) or 1.0
-                vectors.append((uid, [float(x) / norm for x in v]))
-            self._save_vectors(embedder, vectors, upto)
+            self._save_vectors(embedder, [(uid, list(origin.unit(v))) for uid, v in own.items()], upto)
             self._unvectored -= set(own)
 
     def _save_vectors(self, embedder: CachedEmbedder, vectors: list[tuple[int, list[float]]], upto: int) -> None:
