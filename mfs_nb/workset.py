@@ -25,6 +25,7 @@ session's fact track both come from here, so a line has one form wherever it app
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shlex
@@ -47,6 +48,7 @@ MEMORY_TOOLS = frozenset({"recall_history", "recall_search", "remember", "forget
 CHANGES = ("created", "edited", "deleted")
 MAX_UIDS = 5  # uids shown on one collapsed line (the newest); the count of the rest follows
 ERRORS_PER_RESULT = 4
+SAID_CACHE = 20_000  # messages whose text lines are kept (`said_lines`); a message is a few hundred bytes of lines
 TOOL = "tool: "  # the speaker of lines read from tool calls and results (said lines carry user: / assistant:)
 
 _FILE_KEYS = ("file_path", "path", "notebook_path", "filename", "file", "target_file", "filepath")
@@ -297,19 +299,8 @@ def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: i
             for text in (failed_lines(e.content) if e.name == CELLS and not e.tool_call_id else error_lines(e.content)):
                 errors.setdefault(text, []).append(e.uid)
         if e.role in ("user", "assistant") and text_ok and e.content:
-            mine: list[str] = []
-            for fact in extract(e.content, e.uid):
-                mine.append(fact.text)
-                _add_said(said, f"{e.role}: {fact.text}", fact.kind, e.uid)
-            if e.role == "user":  # decisions and constraints: a line of their own, or a fact line ranked up
-                for sentence in _sentences(e.content):
-                    if not _DECISION.search(sentence):
-                        continue
-                    overlapping = [t for t in mine if sentence in t or t.rstrip("…") in sentence]
-                    if not overlapping:
-                        _add_said(said, f"user: {cut(sentence)}", COMMAND, e.uid)
-                    for t in overlapping:
-                        _add_said(said, f"user: {t}", COMMAND, e.uid)
+            for text, kind in said_lines(e.role, e.content):
+                _add_said(said, text, kind, e.uid)
     out: list[Line] = []
     for text, uids in errors.items():
         out.append(Line("errors", ERROR, text, cut(TOOL + text), tuple(uids)))
@@ -324,6 +315,29 @@ def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: i
     for text, (kind, uids) in said.items():
         out.append(Line("said", kind, text, text, tuple(uids)))
     return out
+
+
+@functools.lru_cache(maxsize=SAID_CACHE)
+def said_lines(role: str, content: str) -> tuple[tuple[str, int], ...]:
+    """The text lines one user or assistant message adds to the working set, with their kinds, in
+    order: its fact lines and, for the user, its decisions and constraints. A function of the text
+    alone, so it is cached: the fact track is rebuilt at every compaction from all the compacted
+    history, and without the cache each rebuild ran the fact patterns over every message again
+    (0.57 s at 3,000 chats, inside the turn that compacts)."""
+    out: list[tuple[str, int]] = []
+    mine: list[str] = []
+    for fact in extract(content):
+        mine.append(fact.text)
+        out.append((f"{role}: {fact.text}", fact.kind))
+    if role == "user":  # decisions and constraints: a line of their own, or a fact line ranked up
+        for sentence in _sentences(content):
+            if not _DECISION.search(sentence):
+                continue
+            overlapping = [t for t in mine if sentence in t or t.rstrip("…") in sentence]
+            if not overlapping:
+                out.append((f"user: {cut(sentence)}", COMMAND))
+            out.extend((f"user: {t}", COMMAND) for t in overlapping)
+    return tuple(out)
 
 
 def _results(events: Sequence[Event]) -> dict[tuple[int, str], Event]:
@@ -344,8 +358,11 @@ def _add_said(said: dict[str, tuple[int, list[int]]], text: str, kind: int, uid:
     prev = said.get(text)
     if prev is None:
         said[text] = (kind, [uid])
-    else:
-        said[text] = (min(prev[0], kind), prev[1] + ([uid] if uid not in prev[1] else []))
+        return
+    if kind < prev[0]:
+        said[text] = (kind, prev[1])
+    if uid not in prev[1]:
+        prev[1].append(uid)
 
 
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+|(?<=[。！？])|\n+")
