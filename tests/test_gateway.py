@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from fake_provider import FakeProvider
+from procs import free_port, stop
 
 from mfs_nb import LLMError, Session
 
@@ -33,12 +33,6 @@ START_S = 90
 def _proxy() -> str | None:
     path = os.environ.get("MFS_LITELLM_PROXY") or str(ROOT / ".gateway" / "bin" / "litellm")
     return path if Path(path).is_file() and os.access(path, os.X_OK) else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _up(url: str) -> bool:
@@ -70,7 +64,7 @@ def gateway(tmp_path_factory):
         "general_settings:\n"
         "  master_key: sk-gateway-admin\n"
         "  custom_auth: team_auth.user_api_key_auth\n", encoding="utf-8")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "UPSTREAM_KEY": UPSTREAM_KEY,
            "MFS_GATEWAY_KEYS": ",".join(f"{k}={u}" for k, u in KEYS.items()), "PYTHONPATH": str(work)}
     env.pop("MFS_API_KEY", None)
@@ -87,11 +81,7 @@ def gateway(tmp_path_factory):
             time.sleep(0.5)
         yield {"url": url, "upstream": upstream}
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
+        stop(process, 10)
         log.close()
         upstream.close()
 

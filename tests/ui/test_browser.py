@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from procs import free_port, stop
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -38,12 +38,6 @@ def _missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_outputs_render_and_survive_a_reopen_in_jupyterlab(tmp_path):
     why = _missing()
     if why:
@@ -53,7 +47,7 @@ def test_outputs_render_and_survive_a_reopen_in_jupyterlab(tmp_path):
     work = tmp_path / "nb"
     work.mkdir()
     shutil.copy(ROOT / "examples" / "quickstart.ipynb", work / "quickstart.ipynb")
-    port, token = _free_port(), "mfs-test-token"
+    port, token = free_port(), "mfs-test-token"
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime"), "JUPYTER_CONFIG_DIR": str(tmp_path / "config"),
            "MFS_STORE": str(tmp_path / "store"), "MFS_FAILSHOT": str(tmp_path),
            # the kernel runs in another folder: make it import this checkout, not whichever is installed
@@ -83,11 +77,7 @@ def test_outputs_render_and_survive_a_reopen_in_jupyterlab(tmp_path):
         assert out.returncode == 0, out.stderr[-3000:]
         result = json.loads(out.stdout.strip().splitlines()[-1])
     finally:
-        server.terminate()
-        try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop(server, 20)
         log.close()
     assert not result["errors"], result["errors"]
     for state in (result, result["reopened"]):  # as run, and reopened from the saved file
