@@ -23,11 +23,18 @@ HEADER = (
 
 
 def commit() -> str:
-    """The checkout's commit, when the package runs from a git checkout (else '')."""
+    """The checkout's commit, when the package runs from a git checkout that tracks this file (else
+    ''). An installed copy can lie inside another repository (pyenv's site-packages is one); that
+    repository's commit says nothing about this code."""
     import subprocess
 
+    here = Path(__file__).resolve()
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+        tracked = subprocess.run(["git", "ls-files", "--error-unmatch", here.name], cwd=here.parent,
+                                 capture_output=True, text=True, timeout=5)
+        if tracked.returncode != 0:
+            return ""
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=here.parent,
                              capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return ""
