@@ -323,7 +323,7 @@ def said_lines(role: str, content: str) -> tuple[tuple[str, int], ...]:
     order: its fact lines and, for the user, its decisions and constraints. A function of the text
     alone, so it is cached: the fact track is rebuilt at every compaction from all the compacted
     history, and without the cache each rebuild ran the fact patterns over every message again
-    (0.57 s at 3,000 chats, inside the turn that compacts)."""
+    (0.3–0.6 s a rebuild by chat 3,000, inside the turn that compacts)."""
     out: list[tuple[str, int]] = []
     mine: list[str] = []
     for fact in extract(content):
