@@ -176,11 +176,17 @@ VERBATIM_SCHEMA = pa.schema(
 )
 
 
+# Vectors and latent weights are stored as float16: half the bytes of float32 (a 384-d vector is 768
+# bytes, for a chat message of ~120), and cosine ranks agree to about 1e-3. Tables an older mfs_nb made
+# in float32 are read and written as they are (every write takes the table's own schema).
+VECTOR_TYPE = pa.float16()
+
+
 def _vectors_schema(model_id: str, dim: int) -> pa.Schema:
     """One vectors table per embedding model: its id is in the table's metadata, so two vector
     spaces never share a table."""
     return pa.schema([("key", pa.string()), ("session", pa.string()), ("uid", pa.int64()),
-                      ("vector", pa.list_(pa.float32(), dim))],
+                      ("vector", pa.list_(VECTOR_TYPE, dim))],
                      metadata={"embedding_model": model_id, "dim": str(dim)})
 
 
@@ -294,8 +300,11 @@ def _store_problem(uri: str, table: str, exc: BaseException) -> str:
 # LanceDB caches the metadata of every table version it reads, and a chat writes a version per event:
 # with its default cache a process grew by 0.38 MB a chat. Each Store gets a bounded cache of its own
 # (its own, not one per process: the cache also holds the object-store client of each bucket, which
-# must follow the credentials and endpoint in the environment when a Store is opened).
-_CACHE_MB = {"index": 128, "metadata": 64}
+# must follow the credentials and endpoint in the environment when a Store is opened). Entries of past
+# versions are never read again (every read here takes the latest one) but keep the cache full: at
+# 128/64 MB it was the largest part of a long session's growth (metadata full by chat 600, the index part
+# +0.8 MB per 100 chats); at 16/16 MB the growth by chat 1,000 halved (110 → 56 MB).
+_CACHE_MB = {"index": 32, "metadata": 16}
 
 
 def _lance_session() -> Any:
@@ -761,7 +770,8 @@ class Store:
             meta = table.schema.metadata or {}
             if meta.get(b"embedding_model", b"").decode() != model_id or meta.get(b"dim", b"").decode() != str(dim):
                 raise StoreError(f"vectors table for {model_id} holds another vector space; nothing written")
-            table.merge_insert("key").when_not_matched_insert_all().execute(pa.Table.from_pylist(rows, schema=schema))
+            table.merge_insert("key").when_not_matched_insert_all().execute(
+                pa.Table.from_pylist(rows, schema=table.schema))
             self._fold(table, "vectors")
 
     def load_vectors(self, model_id: str, session: str) -> dict[int, list[float]]:
@@ -858,8 +868,9 @@ class Store:
     def index_latent(self, model_id: str, rows: list[dict[str, Any]]) -> None:
         """Latent-term rows (same keys as the text rows: terms and weights) of `model_id`; written once."""
         if rows:
-            self._recall_latent(model_id, create=True).merge_insert("key").when_not_matched_insert_all().execute(
-                pa.Table.from_pylist(rows, schema=RECALL_LATENT_SCHEMA))
+            table = self._recall_latent(model_id, create=True)
+            table.merge_insert("key").when_not_matched_insert_all().execute(
+                pa.Table.from_pylist(rows, schema=table.schema))
 
     def latent_rows(self, model_id: str, where: str, uids: list[int]) -> list[dict[str, Any]]:
         """The latent-term rows of these uids (events and segments that start there) under a search's filter."""
@@ -1057,7 +1068,7 @@ class TableFiles:
 def _recall_vectors_schema(model_id: str, dim: int) -> pa.Schema:
     return pa.schema([("key", pa.string()), ("session", pa.string()), ("kind", pa.string()), ("uid", pa.int64()),
                       ("uid_to", pa.int64()), ("turn", pa.int64()), ("role", pa.string()), ("chunk", pa.int64()),
-                      ("vector", pa.list_(pa.float32(), dim))],
+                      ("vector", pa.list_(VECTOR_TYPE, dim))],
                      metadata={"embedding_model": model_id, "dim": str(dim)})
 
 
@@ -1073,7 +1084,7 @@ def recall_latent_name(model_id: str) -> str:
 RECALL_LATENT_SCHEMA = pa.schema([("key", pa.string()), ("session", pa.string()), ("kind", pa.string()),
                                   ("uid", pa.int64()), ("uid_to", pa.int64()), ("turn", pa.int64()),
                                   ("role", pa.string()), ("chunk", pa.int64()), ("terms", pa.list_(pa.int32())),
-                                  ("weights", pa.list_(pa.float32()))])
+                                  ("weights", pa.list_(VECTOR_TYPE))])
 
 
 def _create_index(table: Any, column: str, config: Any) -> None:

@@ -397,3 +397,40 @@ def test_a_state_row_that_cannot_be_saved_after_the_turn_is_a_notice_not_a_lost_
     reply = s.chat("a question")
     assert reply.text == "the answer" and any("state row was not saved" in n for n in reply.notices)
     assert [e.content for e in Store(store_dir).load_events("meta")] == ["a question", "the answer"]
+
+
+def test_vectors_are_stored_as_float16_and_an_older_float32_table_keeps_working(store_uri):
+    """Issue 19 (store size): a new store keeps recall vectors, origin vectors and latent weights in
+    float16 (half the bytes); a table an older mfs_nb wrote in float32 is written and searched as it is."""
+    import numpy as np
+    import pyarrow as pa
+
+    from mfs_nb import store as st
+
+    s = Store(store_uri)
+    fields = {"session": "s", "kind": "event", "uid_to": 0, "turn": 1, "role": "user", "chunk": 0}
+    rows = [{**fields, "key": f"k{u}", "uid": u, "uid_to": u, "vector": v}
+            for u, v in ((1, [1.0, 0.0, 0.0, 0.0]), (2, [0.0, 1.0, 0.0, 0.0]), (3, [0.6, 0.8, 0.0, 0.0]))]
+    s.index_vectors("new/4d", rows)
+    s.save_vectors("new/4d", "s", [(1, [0.5, 0.5, 0.5, 0.5])])
+    s.index_latent("new/4d", [{k: r[k] for k in ("key", "session", "kind", "uid", "uid_to", "turn", "role", "chunk")}
+                              | {"terms": [7, 9], "weights": [1.25, 0.5]} for r in rows])
+    db = s._db
+    for name, column in ((st.recall_vectors_name("new/4d"), "vector"), (st.vectors_table_name("new/4d"), "vector"),
+                         (st.recall_latent_name("new/4d"), "weights")):
+        assert db.open_table(name).schema.field(column).type.value_type == pa.float16(), name
+    hits = s.search_vectors("new/4d", "session = 's'", [0.59, 0.81, 0.0, 0.0], 3)
+    assert [h["uid"] for h in hits] == [3, 2, 1]
+    assert s.latent_rows("new/4d", "session = 's'", [1])[0]["weights"] == [1.25, 0.5]
+
+    # an older store: the same tables made in float32 before this change
+    old = pa.schema([(f.name, pa.list_(pa.float32(), 4) if f.name == "vector" else f.type)
+                     for f in st._recall_vectors_schema("old/4d", 4)],
+                    metadata={"embedding_model": "old/4d", "dim": "4"})
+    s._table(st.recall_vectors_name("old/4d"), old)
+    s.index_vectors("old/4d", rows)
+    assert db.open_table(st.recall_vectors_name("old/4d")).schema.field("vector").type.value_type == pa.float32()
+    got = s.search_vectors("old/4d", "session = 's'", [0.59, 0.81, 0.0, 0.0], 1)
+    assert got[0]["uid"] == 3
+    stored = db.open_table(st.recall_vectors_name("old/4d")).search().where("uid = 3").to_list()[0]["vector"]
+    assert np.array_equal(np.float32(stored), np.float32([0.6, 0.8, 0.0, 0.0]))  # float32 kept exactly
