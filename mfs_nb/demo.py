@@ -53,9 +53,10 @@ def run(out: TextIO, store: str | None = None) -> int:
 
     folder = store or tempfile.mkdtemp(prefix="mfs-demo-")
     started = time.monotonic()
+    opened: list[Any] = [None, None]  # the session before and after the simulated restart
     try:
         out.write(f"mfs_nb demo · store {folder} · offline default (no model configured)\n\n")
-        session = Session("demo", store=folder)
+        session = first = opened[0] = Session("demo", store=folder)
         out.write("status line under each reply: ctx = share of the window used · tokens / window · prefix = share "
                   "of this payload identical to the previous call's (what a provider's prompt cache can reuse)\n\n")
         log = Path(folder) / LOG_NAME
@@ -63,7 +64,8 @@ def run(out: TextIO, store: str | None = None) -> int:
         for text in SCRIPT[:3]:
             _turn(out, session, text, [str(log)] if text is SCRIPT[1] else [])
         out.write("— kernel restart: a new Session on the same store resumes the conversation —\n\n")
-        session = Session("demo", store=folder)
+        first.indexer.close(wait_s=30)  # the restarted kernel's predecessor: its index thread ends here
+        session = opened[1] = Session("demo", store=folder)
         out.write(f"resumed: {len(session.events)} events, last uid {session.last_uid}, "
                   f"pressure {session.usage().tokens:,} tokens from {session.usage().source}\n\n")
         for text in SCRIPT[3:]:
@@ -88,6 +90,11 @@ def run(out: TextIO, store: str | None = None) -> int:
                   f"({time.monotonic() - started:.1f} s)\n")
         return 0 if ok else 1
     finally:
+        # index threads end before their store is removed and before the interpreter exits: one inside a
+        # LanceDB call at exit can crash the process (seen once, in a CI run on busy cores)
+        for s in opened:
+            if s is not None:
+                s.indexer.close(wait_s=30)
         if store is None:
             shutil.rmtree(folder, ignore_errors=True)
 
