@@ -26,6 +26,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 try:
@@ -775,22 +776,28 @@ class Store:
             self._fold(table, "vectors")
 
     def load_vectors(self, model_id: str, session: str) -> dict[int, list[float]]:
-        name = vectors_table_name(model_id)
-        try:
-            table = self._db.open_table(name)
-        except (FileNotFoundError, ValueError):
-            return {}
-        rows = table.search().where(f"session = {_quote(session)}").limit(None).to_list()
-        return {int(r["uid"]): list(r["vector"]) for r in rows}
-
-    def vector_uids(self, model_id: str, session: str) -> set[int]:
-        """The uids of a session's user messages that have an origin vector in this model's table."""
+        """The origin vectors of a session's user messages (unit length): the recall index's vector of
+        a message's own words where it has one (that vector is the origin vector, stored once), else
+        the row the classifier wrote to `vectors_<model>` (the index off, or behind)."""
+        out = {uid: list(_unit(v)) for uid, v in self.own_word_vectors(model_id, session).items()}
         try:
             table = self._db.open_table(vectors_table_name(model_id))
         except (FileNotFoundError, ValueError):
-            return set()
+            return out
+        rows = table.search().where(f"session = {_quote(session)}").limit(None).to_list()
+        out.update((int(r["uid"]), list(r["vector"])) for r in rows)
+        return out
+
+    def vector_uids(self, model_id: str, session: str) -> set[int]:
+        """The uids of a session's user messages that have an origin vector in this model's space
+        (in the recall index's own-words rows or in the `vectors_<model>` table)."""
+        have = set(self.own_word_vectors(model_id, session, select=False))
+        try:
+            table = self._db.open_table(vectors_table_name(model_id))
+        except (FileNotFoundError, ValueError):
+            return have
         rows = table.search().where(f"session = {_quote(session)}").select(["uid"]).limit(None).to_list()
-        return {int(r["uid"]) for r in rows}
+        return have | {int(r["uid"]) for r in rows}
 
     def texts_naming(self, needle: str) -> list[str]:
         """Event contents and verbatim rows (of every session) that contain `needle` (`%` and `_` act
@@ -944,16 +951,23 @@ class Store:
         """Vectors of events' own words (no context before them), as the index stored them: the
         first chunk of an event that starts a session, else its plain row (chunk -1, user messages).
         The origin classifier reads these instead of embedding the text again."""
-        table = self._recall_vectors(model_id) if uids else None
+        return self.own_word_vectors(model_id, session, uids) if uids else {}
+
+    def own_word_vectors(self, model_id: str, session: str, uids: list[int] | None = None,
+                         select: bool = True) -> dict[int, list[float]]:
+        """`stored_vectors` of these uids, or (None) of every user message the index holds; with
+        `select` False the vectors are not read (the values are empty lists)."""
+        table = self._recall_vectors(model_id)
         if table is None:
             return {}
-        where = (f"session = {_quote(session)} AND kind = 'event' AND chunk IN (-1, 0) AND "
-                 f"uid IN ({', '.join(str(int(u)) for u in uids)})")
-        rows = table.search().where(where).select(["uid", "chunk", "vector"]).limit(2 * len(uids)).to_list()
+        where = f"session = {_quote(session)} AND kind = 'event' AND chunk IN (-1, 0) AND " + (
+            f"uid IN ({', '.join(str(int(u)) for u in uids)})" if uids is not None else "role = 'user'")
+        columns = ["uid", "chunk"] + (["vector"] if select else [])
+        rows = table.search().where(where).select(columns).limit(None if uids is None else 2 * len(uids)).to_list()
         out: dict[int, list[float]] = {}
         for r in sorted(rows, key=lambda r: -int(r["chunk"])):  # a plain row wins over a chunk with context
             if int(r["chunk"]) == -1 or int(r["uid"]) == 1:
-                out.setdefault(int(r["uid"]), list(r["vector"]))
+                out.setdefault(int(r["uid"]), list(r["vector"]) if select else [])
         return out
 
     def optimize_recall(self, model_id: str | None) -> dict[str, Any]:
@@ -1070,6 +1084,12 @@ def _recall_vectors_schema(model_id: str, dim: int) -> pa.Schema:
                       ("uid_to", pa.int64()), ("turn", pa.int64()), ("role", pa.string()), ("chunk", pa.int64()),
                       ("vector", pa.list_(VECTOR_TYPE, dim))],
                      metadata={"embedding_model": model_id, "dim": str(dim)})
+
+
+def _unit(vector: Any) -> Any:
+    v = np.asarray(vector, dtype=np.float32)
+    norm = float(np.linalg.norm(v))
+    return v / norm if norm > 0 else v
 
 
 def recall_vectors_name(model_id: str) -> str:

@@ -260,7 +260,7 @@ class VerbatimTrack:
             for e in todo:
                 verdict = self._classify(e, events, embedder, own.get(e.uid), not later)
                 rows.append(_row(e.uid, verdict, embedder.model_id if embedder else ""))
-                if verdict.vector:
+                if verdict.vector and e.uid not in own:  # the index's own-words row is that vector already
                     vectors.append((e.uid, list(verdict.vector)))
                 elif embedder is not None and self._unvectored is not None:
                     self._unvectored.add(e.uid)
@@ -274,7 +274,8 @@ class VerbatimTrack:
 
     def indexed(self, upto: int) -> None:
         """The recall index has vectors for uids up to `upto` (its thread calls this): the verdicts
-        of the user messages among them, and the origin vectors of those classified in a turn before."""
+        of the user messages among them; those classified in a turn before have their origin vectors
+        now (the index's rows of their own words, `Store.load_vectors`)."""
         self.classify_pending(upto, in_turn=False)
         with self._lock:
             embedder = self.loaded_layer()
@@ -288,9 +289,8 @@ class VerbatimTrack:
             wanted = [e for e in self.s.events() if e.uid in self._unvectored and e.uid <= upto]
             if not wanted:
                 return
-            own = self._own_vectors(embedder, wanted)
-            self._save_vectors(embedder, [(uid, list(origin.unit(v))) for uid, v in own.items()], upto)
-            self._unvectored -= set(own)
+            # the index's own-words rows of these messages are their origin vectors: nothing to write again
+            self._unvectored -= set(self._own_vectors(embedder, wanted))
 
     def _save_vectors(self, embedder: CachedEmbedder, vectors: list[tuple[int, list[float]]], upto: int) -> None:
         if not vectors:

@@ -225,6 +225,7 @@ def test_vectors_are_stored_per_model_and_the_classifier_reads_them(store_dir, m
     for uid in (1, 3):
         v = np.asarray(stored[uid])
         assert np.allclose(s.verbatim.verdicts[uid].vector, v / np.linalg.norm(v), atol=1e-6)
+    assert _classifier_rows(s, "fake/8d") == 0  # stored once: in the index, not copied to vectors_<model>
     other = _Embedder("fake/other")
     monkeypatch.setattr(s.indexer, "model", lambda: other)
     s.indexer.catch_up()  # a new embedder: its own table, filled from the start
@@ -258,6 +259,7 @@ def test_a_message_classified_in_a_turn_gets_its_origin_vector_when_the_index_re
     for uid in (1, 3):
         v = np.asarray(stored[uid])
         assert np.allclose(kept[uid], v / np.linalg.norm(v), atol=1e-3)
+    assert _classifier_rows(s, "fake/8d") == 0
     # a new process finds what an earlier one left without a vector
     s2 = _fts_session(store_dir)
     s2.indexer.enabled = False
@@ -269,6 +271,16 @@ def test_a_message_classified_in_a_turn_gets_its_origin_vector_when_the_index_re
     s2.verbatim._unvectored = None  # as a restart would have it
     s2.indexer.catch_up()
     assert s2.store.vector_uids("fake/8d", "s") == {1, 3, 4}
+
+
+def _classifier_rows(s, model_id):
+    """Rows of the classifier's own vector table (`vectors_<model>`), 0 when it was never made."""
+    from mfs_nb.store import vectors_table_name
+
+    try:
+        return s.store._db.open_table(vectors_table_name(model_id)).count_rows()
+    except (FileNotFoundError, ValueError):
+        return 0
 
 
 class _LatentEmbedder(_Embedder):
