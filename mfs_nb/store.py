@@ -26,7 +26,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 try:
@@ -36,6 +35,7 @@ except ImportError:  # Windows: no cross-process lock; the after-write check sti
 
 from .errors import StoreError
 from .events import Event
+from .origin import unit
 
 DEFAULT_STORE = ".mfs"
 _REMOTE_KEEP_S = 3600.0  # object storage: old versions outlive any clock skew between machines
@@ -779,7 +779,7 @@ class Store:
         """The origin vectors of a session's user messages (unit length): the recall index's vector of
         a message's own words where it has one (that vector is the origin vector, stored once), else
         the row the classifier wrote to `vectors_<model>` (the index off, or behind)."""
-        out = {uid: list(_unit(v)) for uid, v in self.own_word_vectors(model_id, session).items()}
+        out = {uid: list(unit(v)) for uid, v in self.own_word_vectors(model_id, session).items()}
         try:
             table = self._db.open_table(vectors_table_name(model_id))
         except (FileNotFoundError, ValueError):
@@ -1084,12 +1084,6 @@ def _recall_vectors_schema(model_id: str, dim: int) -> pa.Schema:
                       ("uid_to", pa.int64()), ("turn", pa.int64()), ("role", pa.string()), ("chunk", pa.int64()),
                       ("vector", pa.list_(VECTOR_TYPE, dim))],
                      metadata={"embedding_model": model_id, "dim": str(dim)})
-
-
-def _unit(vector: Any) -> Any:
-    v = np.asarray(vector, dtype=np.float32)
-    norm = float(np.linalg.norm(v))
-    return v / norm if norm > 0 else v
 
 
 def recall_vectors_name(model_id: str) -> str:

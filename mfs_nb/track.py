@@ -201,7 +201,6 @@ class VerbatimTrack:
         self.off_reason: str | None = None
         self.notices: list[str] = []
         self._built: tuple[tuple[int, int], origin.Track | None] | None = None
-        self._unvectored: set[int] | None = None  # classified in a turn, origin vector still to come
 
     # -- the vector layer ------------------------------------------------------------------
     def vector_layer(self) -> CachedEmbedder | None:
@@ -262,8 +261,6 @@ class VerbatimTrack:
                 rows.append(_row(e.uid, verdict, embedder.model_id if embedder else ""))
                 if verdict.vector and e.uid not in own:  # the index's own-words row is that vector already
                     vectors.append((e.uid, list(verdict.vector)))
-                elif embedder is not None and self._unvectored is not None:
-                    self._unvectored.add(e.uid)
                 self.verdicts[e.uid] = verdict
                 counts[verdict.disposition] += 1
             self.s.store.save_verdicts(self.s.name, rows)
@@ -274,23 +271,9 @@ class VerbatimTrack:
 
     def indexed(self, upto: int) -> None:
         """The recall index has vectors for uids up to `upto` (its thread calls this): the verdicts
-        of the user messages among them; those classified in a turn before have their origin vectors
-        now (the index's rows of their own words, `Store.load_vectors`)."""
+        of the user messages among them. Those classified in a turn before need nothing more: the
+        index's rows of their own words are their origin vectors (`Store.load_vectors`)."""
         self.classify_pending(upto, in_turn=False)
-        with self._lock:
-            embedder = self.loaded_layer()
-            if embedder is None:
-                return
-            if self._unvectored is None:  # once per process: verdicts an earlier one left without a vector
-                models = self.s.store.load_verdicts(self.s.name)
-                have = self.s.store.vector_uids(embedder.model_id, self.s.name)
-                self._unvectored = {uid for uid, d in models.items()
-                                    if d.get("model") == embedder.model_id and uid not in have}
-            wanted = [e for e in self.s.events() if e.uid in self._unvectored and e.uid <= upto]
-            if not wanted:
-                return
-            # the index's own-words rows of these messages are their origin vectors: nothing to write again
-            self._unvectored -= set(self._own_vectors(embedder, wanted))
 
     def _save_vectors(self, embedder: CachedEmbedder, vectors: list[tuple[int, list[float]]], upto: int) -> None:
         if not vectors:

@@ -268,7 +268,6 @@ def test_a_message_classified_in_a_turn_gets_its_origin_vector_when_the_index_re
     monkeypatch.setattr(s2.verbatim, "vector_layer", lambda: cached)
     monkeypatch.setattr(s2.verbatim, "loaded_layer", lambda: cached)
     s2.verbatim.classify_pending(4, in_turn=True)
-    s2.verbatim._unvectored = None  # as a restart would have it
     s2.indexer.catch_up()
     assert s2.store.vector_uids("fake/8d", "s") == {1, 3, 4}
 
