@@ -767,6 +767,18 @@ class Compactor:
         return pending.segment, pending.info
 
     # -- the tier hook -----------------------------------------------------------------------
+    def piggyback(self, tier: str, synchronous_background: bool) -> list[str]:
+        """Right after a clearing, which rewrote the payload from the history layers on: commit a
+        compaction if one is ready now, so that the two share one cache miss. Nothing waits for the
+        summarizer: with background compaction only a finished pre-compaction is taken; in line (a
+        replay, `background_compaction=False`) one is made here."""
+        if self.pending is None and not (synchronous_background
+                                         and self.start_background(self.s.usage().effective, True)):
+            return []
+        if self.pending is None or not self.pending.done.is_set():
+            return []
+        return self.compact(tier, "with clearing", only_ready=True)
+
     def on_tier(self, tier: str, synchronous_background: bool) -> list[str]:
         """warn: pre-compact in the background; compress: commit what is ready (start it if nothing
         is under way); hard: compact now, waiting for the background result first."""

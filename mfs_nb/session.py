@@ -710,15 +710,25 @@ class Session:
         notices: list[str] = list(self.compactor.recovered) + self.verbatim.notices
         self.compactor.recovered.clear()
         self.verbatim.notices.clear()
+        cleared: list[str] = []
         if self.settings.tool_clearing and TIERS.index(usage.tier) >= TIERS.index("warn"):
+            tier = usage.tier
             view, usage, cleared = self._clear_tool_results(view, usage)
             notices += cleared
         if self.settings.auto_compaction:
-            acted = self.compactor.on_tier(usage.tier, synchronous_background=not self.settings.background_compaction)
+            sync = not self.settings.background_compaction
+            acted = self.compactor.on_tier(usage.tier, synchronous_background=sync)
+            if cleared and not acted:
+                # the clearing has already paid the cache miss from the history layers on, where a new
+                # segment would go: a compaction ready now costs nothing more (one reset, not two)
+                acted = self.compactor.piggyback(tier, sync)
             if acted:
                 notices += acted
                 view = self.send_view()
                 usage = self.usage(view)
+                if self.settings.tool_clearing and not cleared:  # the same: clear what the miss has paid for
+                    view, usage, cleared = self._clear_tool_results(view, usage, min_gain=0.0)
+                    notices += cleared
         notices += self._act_on_tier(usage)
         entry = {"call": (self.history[-1]["call"] + 1) if self.history else 1, "turn": self.turn,
                  "tokens": usage.tokens, "tier": usage.tier, "acted": bool(notices), "at": now_iso()}
@@ -733,9 +743,11 @@ class Session:
         self.last_plan = CallPlan(view, usage, notices)
         return self.last_plan
 
-    def _clear_tool_results(self, view: SendView, usage: Usage) -> tuple[SendView, Usage, list[str]]:
+    def _clear_tool_results(self, view: SendView, usage: Usage,
+                            min_gain: float = clearing.MIN_GAIN) -> tuple[SendView, Usage, list[str]]:
         """S2 at the warn line: clear old tool results (and, if still needed, long old arguments)
-        in one go, only forward, and only when it frees enough to be worth a cache miss."""
+        in one go, only forward, and only when it frees enough to be worth a cache miss (`min_gain`
+        of the usable window; any gain right after a compaction, which has paid the miss already)."""
         starts = clearing.rounds(self._events)
         if not starts:
             return view, usage, []
@@ -753,7 +765,7 @@ class Session:
             best = (option, new_view, self.usage(new_view))
             if best[2].tokens < target:
                 break
-        if best is None or usage.tokens - best[2].tokens < clearing.MIN_GAIN * usage.effective:
+        if best is None or usage.tokens - best[2].tokens <= min_gain * usage.effective:
             return view, usage, []
         option, new_view, new_usage = best
         self._clear_before, self._prune_before = option.clear_before, option.prune_before

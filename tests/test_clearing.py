@@ -221,3 +221,39 @@ def test_oversized_arguments_are_trimmed_to_valid_json_with_a_handle():
     assert stub["trimmed"].startswith('{"path": "lib/app.ex"') and stub["trimmed"].endswith('end\\n"}')
     assert stub["note"] == f"arguments of {len(big):,} chars; recall_history(2, 2)"
     assert items[1][2] == "trimmed" and stats.trimmed == 1 and stats.chars_saved > 10_000
+
+
+def coding_transcript(rounds: int, size: int = 1800) -> list[dict]:
+    out: list[dict] = []
+    for i in range(rounds):
+        out += [{"role": "user", "content": f"build target t{i} and tell me what broke in lib/app_{i}.ex"},
+                {"role": "assistant", "content": "",
+                 "tool_calls": [{"type": "function", "function": {"name": "build", "arguments": f'{{"target": "t{i}"}}'}}]},
+                {"role": "tool", "content": big_output(i, size)},
+                {"role": "assistant", "content": f"t{i} fails at lib/app_{i}.ex:{i} with boom {i}; the rest compiles."}]
+    return out
+
+
+def _resets(report: dict) -> int:
+    calls = report["calls"]
+    return sum(1 for p, c in zip(calls, calls[1:]) if c["shared_prefix_tokens"] < 0.5 * p["payload_tokens"])
+
+
+def test_a_clearing_and_a_compaction_share_one_cache_miss(monkeypatch):
+    """Both rewrite the payload from the history layers on, so a compaction ready at a clearing is
+    committed with it, and a compaction clears whatever it frees at all: fewer resets of the prefix."""
+    from mfs_nb.compaction import Compactor
+    from mfs_nb.replay import normalise, replay
+
+    messages = normalise(coding_transcript(70))
+    together = replay(messages, window=8000)
+    notices = [c["notices"] for c in together["calls"]]
+    both = [n for n in notices if any(x.startswith("cleared ") for x in n) and any("compacted" in x for x in n)]
+    assert both, "a clearing with cold history behind it must take the compaction along"
+    assert together["coverage"]["lost"] == 0 and all(c["payload_tokens"] <= 8000 for c in together["calls"])
+
+    monkeypatch.setattr(Compactor, "piggyback", lambda self, tier, sync: [])
+    monkeypatch.setattr(Session, "_clear_tool_results",
+                        lambda self, view, usage, min_gain=0.25, _f=Session._clear_tool_results: _f(self, view, usage, 0.25))
+    apart = replay(messages, window=8000)
+    assert _resets(together) < _resets(apart)
