@@ -726,7 +726,8 @@ class Session:
                 notices += acted
                 view = self.send_view()
                 usage = self.usage(view)
-                if self.settings.tool_clearing and not cleared:  # the same: clear what the miss has paid for
+                compacted = self.compactor.last_compaction_call == self.compactor.calls  # not a skip notice
+                if compacted and self.settings.tool_clearing and not cleared:  # clear what the miss paid for
                     view, usage, cleared = self._clear_tool_results(view, usage, min_gain=0.0)
                     notices += cleared
         notices += self._act_on_tier(usage)
