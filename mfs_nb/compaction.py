@@ -427,7 +427,10 @@ class Compactor:
                 break
             run = con.choose_run(self.segments, st.max_consolidations, st.eager_merge)
             note = self._merge(run, effective, tier) if run else None
-            if note is None and not run and con.block_tokens(self.segments) > budget:
+            deep = max((x.level for x in self.segments), default=0) >= st.max_consolidations
+            if note is None and (not run or deep) and con.block_tokens(self.segments) > budget:
+                # the chain's end: no run left, or a run the gates turned down while depth is
+                # exhausted; the sink comes before any eviction (issue 15, terminal chain)
                 sink = terminal.sink_run(self.segments)
                 note = self._merge(sink, effective, tier, sink=True) if sink else None
             if note is None:

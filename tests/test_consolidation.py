@@ -216,3 +216,22 @@ def test_consolidation_racing_background_compaction_covers_every_uid_once(store_
     assert blocks[0] == blocks[1] and blocks[0], "both kernels see the same, non-empty block"
     assert [k.compactor.evicted for k in kernels][0] == kernels[1].compactor.evicted
     assert any(x.level for x in kernels[0].compactor.segments) or kernels[0].compactor.evicted
+
+
+def test_a_run_the_gates_turn_down_at_full_depth_sinks_before_anything_is_evicted(monkeypatch):
+    """Depth exhausted and the L0s' merge turned down by a gate: the terminal chain's sink absorbs
+    the coldest L0 into the deepest map before the oldest map is evicted (issue 15, item 5)."""
+    from test_clearing import coding_transcript
+
+    from mfs_nb.replay import normalise, replay
+
+    def on_call(session, plan):  # once the depth limit is reached, every merge below the hard tier fails 'shrink'
+        if any(x.level >= 1 for x in session.compactor.segments):
+            monkeypatch.setattr(con, "SHRINK_MIN", 0.99)
+
+    report = replay(normalise(coding_transcript(70)), window=8000, max_consolidations=1, on_call=on_call)
+    rows = [r for r in report["ledger"] if r["kind"] == "consolidation"]
+    assert any(r["gate"] == "shrink" and not r["accepted"] for r in rows)
+    assert any(r["merge"] == "sink" and r["accepted"] and r["tier"] != "hard" for r in rows)
+    assert not [r for r in report["ledger"] if r["kind"] == "eviction"], "the sink leaves room: nothing is evicted"
+    assert report["coverage"]["lost"] == 0
