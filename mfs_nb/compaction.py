@@ -775,9 +775,8 @@ class Compactor:
         compaction if one is ready now, so that the two share one cache miss. Nothing waits for the
         summarizer: with background compaction only a finished pre-compaction is taken; in line (a
         replay, `background_compaction=False`) one is made here."""
-        if self.pending is None and not (synchronous_background
-                                         and self.start_background(self.s.usage().effective, True)):
-            return []
+        if self.pending is None and synchronous_background:
+            self.start_background(self.s.usage().effective, True)
         if self.pending is None or not self.pending.done.is_set():
             return []
         return self.compact(tier, "with clearing", only_ready=True)

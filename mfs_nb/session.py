@@ -766,7 +766,8 @@ class Session:
             best = (option, new_view, self.usage(new_view))
             if best[2].tokens < target:
                 break
-        if best is None or usage.tokens - best[2].tokens <= min_gain * usage.effective:
+        gain = usage.tokens - best[2].tokens if best is not None else 0
+        if best is None or gain <= 0 or gain < min_gain * usage.effective:
             return view, usage, []
         option, new_view, new_usage = best
         self._clear_before, self._prune_before = option.clear_before, option.prune_before

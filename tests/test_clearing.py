@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_view import assert_paired, histories
 
-from mfs_nb import Session
+from mfs_nb import Session, clearing
 from mfs_nb.clearing import Clearing, apply, cleared_text, trimmed_text
 from mfs_nb.events import content_hash
 from mfs_nb.facts import tool_digest
@@ -254,6 +254,7 @@ def test_a_clearing_and_a_compaction_share_one_cache_miss(monkeypatch):
 
     monkeypatch.setattr(Compactor, "piggyback", lambda self, tier, sync: [])
     monkeypatch.setattr(Session, "_clear_tool_results",
-                        lambda self, view, usage, min_gain=0.25, _f=Session._clear_tool_results: _f(self, view, usage, 0.25))
+                        lambda self, view, usage, min_gain=0.0, _f=Session._clear_tool_results:
+                        _f(self, view, usage, clearing.MIN_GAIN))
     apart = replay(messages, window=8000)
     assert _resets(together) < _resets(apart)
