@@ -32,7 +32,7 @@ from . import coldrange, lang, terminal
 from . import consolidation as con
 from . import segments as seg
 from .errors import MfsError
-from .events import Event
+from .events import Event, after
 from .lease import Lease, live_claims, owner_name
 from .segments import Segment
 from .summary_check import validate_summary
@@ -185,8 +185,7 @@ class Compactor:
         return max(ends, default=0)
 
     def raw(self) -> list[Event]:
-        covered = self.covered_to
-        return [e for e in self.s.events() if e.uid > covered]
+        return list(after(self.s.events(), self.covered_to))
 
     # -- the range -----------------------------------------------------------------------
     def choose(self, effective: int, emergency: bool = False, small_ok: bool = False) -> tuple[list[Event], str]:
@@ -799,6 +798,8 @@ class Compactor:
             self.refill_skipped = False
             if self.pending is None:
                 self.start_background(effective, synchronous_background)
+            if self.pending is None or not self.pending.done.is_set():
+                return []  # nothing finished to commit: the lease (two writes, three reads) is not taken
             return self.compact(tier, "auto", only_ready=True)
         self.refill_skipped = False
         return self.compact(tier, "auto")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,3 +139,25 @@ def event_key(session: str, uid: int) -> str:
     """The stable merge key of an event: one row per (session, uid), whoever retries the write."""
     return f"{session}\x1f{uid:012d}"
 
+
+# A session's events are in uid order (the log's order); these read the end of it without a pass over
+# all of it, so a turn's work does not grow with the history.
+def after(events: Sequence[Event], uid: int) -> Sequence[Event]:
+    """The events with a uid above `uid`."""
+    return events[bisect_right(events, uid, key=_uid):]
+
+
+def replies_before(events: Sequence[Event], uid: int, n: int) -> list[tuple[int, str]]:
+    """(uid, content) of the last `n` non-empty assistant messages before `uid`, oldest first."""
+    out: list[tuple[int, str]] = []
+    for i in range(bisect_left(events, uid, key=_uid) - 1, -1, -1):
+        if len(out) == n:
+            break
+        e = events[i]
+        if e.role == "assistant" and e.content.strip():
+            out.append((e.uid, e.content))
+    return out[::-1]
+
+
+def _uid(event: Event) -> int:
+    return event.uid

@@ -26,7 +26,7 @@ from . import clearing, lang, snapshots
 from .clearing import Clearing
 from .compaction import Compactor
 from .errors import ConfigError, InputError, MfsError, PromptTooLong, StoreError
-from .events import Event, clean_text
+from .events import Event, clean_text, replies_before
 from .host import Host
 from .index import Indexer
 from .knowledge import FORGET_DESCRIPTION, FORGET_SCHEMA, REMEMBER_DESCRIPTION, REMEMBER_SCHEMA, KnowledgeSlot
@@ -1071,7 +1071,7 @@ class Session:
                                     tuple(snaps))
         if own:
             return text, Verdict(OWN, "explicit", text, None, 0.0, len(text), first_line(text))
-        recent = [(e.uid, e.content) for e in self._events if e.role == "assistant" and e.content.strip()][-RECENT:]
+        recent = replies_before(self._events, self.last_uid + 1, RECENT)
         if quote:
             pasted, note = split_quote(text)
             source = best_overlap(pasted, recent)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import embed, origin, snapshots
+from .events import replies_before
 from .origin import OWN, Verdict
 from .tokens import estimate_tokens
 
@@ -329,8 +330,7 @@ class VerbatimTrack:
 
 def _recent(event: Event, events: Sequence[Event]) -> list[tuple[int, str]]:
     """The assistant messages a user message is compared with: the last few before it."""
-    return [(e.uid, e.content) for e in events
-            if e.uid < event.uid and e.role == "assistant" and e.content.strip()][-origin.RECENT:]
+    return replies_before(events, event.uid, origin.RECENT)
 
 
 def _row(uid: int, verdict: Verdict, model: str) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .clearing import Clearing, ClearingStats, apply
-from .events import Event
+from .events import Event, after
 from .tokens import message_tokens
 
 MISSING_RESULT = "[no result was recorded for this tool call]"
@@ -232,7 +232,7 @@ def project(
         forms.append(f"verbatim:{track.upto}:{len(track.text)}:{track.tokens}")
         layers.append(Layer("verbatim", track.kept[0] if track.kept else None, track.upto,
                             count(msg, None, forms[-1]), messages=1))
-    raw = [e for e in events if e.uid > covered_to] if covered_to else list(events)
+    raw = list(after(events, covered_to)) if covered_to else list(events)
     items, stats = cache.project(raw, clearing) if cache is not None else apply(pair_tool_messages(raw), clearing)
     if items:
         tokens = 0

@@ -97,3 +97,14 @@ def test_incremental_projection_equals_a_full_one(events, clear_before, prune_be
         cached = project(events[:n], "SYS", clearing=clearing, cache=cache)
         assert cached.messages == full.messages and cached.forms == full.forms
         assert cached.clearing == full.clearing
+
+
+@settings(max_examples=300, deadline=None)
+@given(histories(), st.integers(-1, 45), st.integers(0, 5))
+def test_reading_the_end_of_the_log_agrees_with_a_full_pass(events, uid, n):
+    """`after` and `replies_before` bisect the uid-ordered log instead of scanning all of it."""
+    from mfs_nb.events import after, replies_before
+
+    assert list(after(events, uid)) == [e for e in events if e.uid > uid]
+    full = [(e.uid, e.content) for e in events if e.uid < uid and e.role == "assistant" and e.content.strip()]
+    assert replies_before(events, uid, n) == (full[-n:] if n else [])
