@@ -769,6 +769,10 @@ class Compactor:
         return pending.segment, pending.info
 
     # -- the tier hook -----------------------------------------------------------------------
+    def _ready(self) -> bool:
+        """Whether a background pre-compaction has finished and waits to be committed."""
+        return self.pending is not None and self.pending.done.is_set()
+
     def piggyback(self, tier: str, synchronous_background: bool) -> list[str]:
         """Right after a clearing, which rewrote the payload from the history layers on: commit a
         compaction if one is ready now, so that the two share one cache miss. Nothing waits for the
@@ -776,9 +780,7 @@ class Compactor:
         replay, `background_compaction=False`) one is made here."""
         if self.pending is None and synchronous_background:
             self.start_background(self.s.usage().effective, True)
-        if self.pending is None or not self.pending.done.is_set():
-            return []
-        return self.compact(tier, "with clearing", only_ready=True)
+        return self.compact(tier, "with clearing", only_ready=True) if self._ready() else []
 
     def on_tier(self, tier: str, synchronous_background: bool) -> list[str]:
         """warn: pre-compact in the background; compress: commit what is ready (start it if nothing
@@ -798,9 +800,8 @@ class Compactor:
             self.refill_skipped = False
             if self.pending is None:
                 self.start_background(effective, synchronous_background)
-            if self.pending is None or not self.pending.done.is_set():
-                return []  # nothing finished to commit: the lease (two writes, three reads) is not taken
-            return self.compact(tier, "auto", only_ready=True)
+            # nothing finished to commit: the lease (two writes, three reads) is not taken
+            return self.compact(tier, "auto", only_ready=True) if self._ready() else []
         self.refill_skipped = False
         return self.compact(tier, "auto")
 

@@ -766,8 +766,7 @@ class Session:
             best = (option, new_view, self.usage(new_view))
             if best[2].tokens < target:
                 break
-        gain = usage.tokens - best[2].tokens if best is not None else 0
-        if best is None or gain <= 0 or gain < min_gain * usage.effective:
+        if best is None or (gain := usage.tokens - best[2].tokens) <= 0 or gain < min_gain * usage.effective:
             return view, usage, []
         option, new_view, new_usage = best
         self._clear_before, self._prune_before = option.clear_before, option.prune_before

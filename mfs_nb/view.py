@@ -232,7 +232,7 @@ def project(
         forms.append(f"verbatim:{track.upto}:{len(track.text)}:{track.tokens}")
         layers.append(Layer("verbatim", track.kept[0] if track.kept else None, track.upto,
                             count(msg, None, forms[-1]), messages=1))
-    raw = list(after(events, covered_to)) if covered_to else list(events)
+    raw = list(after(events, covered_to))
     items, stats = cache.project(raw, clearing) if cache is not None else apply(pair_tool_messages(raw), clearing)
     if items:
         tokens = 0
