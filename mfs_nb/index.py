@@ -42,7 +42,7 @@ BATCH = 1
 WRITE_ROWS = 32
 TEXT_EVENTS = 1_000  # events per full-text write when a backlog is indexed
 IDLE_GRACE_S = 0.1  # after a turn, wait this long before indexing again
-OPTIMIZE_EVERY = 2_000  # text rows between index optimisations
+OPTIMIZE_EVERY = 2_000  # rows written (text and vector rows) between index optimisations
 CANDIDATES = 50  # rows each method contributes to the fusion
 MAX_SPANS = 8  # spans of time one query may name
 LATENT = "#latent"  # the latent terms' watermark is the model's, with this suffix
@@ -215,9 +215,9 @@ class Indexer:
                     store.save_recall_state(name, "", text_upto, text_seg)
                 before = step[-1] if step else before
                 n_rows += len(rows)
-            self._rows_since_optimize += n_rows
             done = {"text_rows": n_rows, "vector_rows": 0}
             embedder = self.model() if vectors else None
+            self._wrote(n_rows, embedder)
             if embedder is not None:
                 done["vector_rows"] = self._vectors(embedder, events, segments, turns, progress, batch, plain)
                 if plain and not self._stop:  # the user messages' verdicts, from the vectors just written
@@ -225,12 +225,19 @@ class Indexer:
                         self.s.after_index(store.recall_state(name, embedder.model_id)[0])
                     except Exception as exc:  # the compaction that covers them classifies them itself
                         self.s.log("verdicts_deferred", error=f"{type(exc).__name__}: {str(exc)[:200]}")
-            if self._rows_since_optimize >= OPTIMIZE_EVERY:
-                self._rows_since_optimize = 0
-                info = store.optimize_recall(embedder.model_id if embedder is not None else None)
-                if info.get("ann_built"):
-                    self.s.log("recall_index", ann_built=True, vector_rows=info.get("vector_rows"))
             return done
+
+    def _wrote(self, rows: int, embedder: Any) -> None:
+        """Count rows written to the index; every `OPTIMIZE_EVERY` of them, fold its tables (and build
+        the ANN index when the vectors are enough). Also in the middle of a long catch-up: a session left
+        alone with a backlog writes for an hour, and its versions would pile up until the end."""
+        self._rows_since_optimize += rows
+        if self._rows_since_optimize < OPTIMIZE_EVERY:
+            return
+        self._rows_since_optimize = 0
+        info = self.s.store.optimize_recall(embedder.model_id if embedder is not None else None)
+        if info.get("ann_built"):
+            self.s.log("recall_index", ann_built=True, vector_rows=info.get("vector_rows"))
 
     def _vectors(self, embedder: Any, events: Sequence[Event], segments: Sequence[Segment],
                  turns: dict[int, int], progress: Any, size: int = BATCH, plain: bool = True) -> int:
@@ -290,6 +297,7 @@ class Indexer:
                                            for r, v, _ in pending])
             done_rows = [r for r, _, _ in pending]
             written += len(pending)
+            self._wrote(len(pending), embedder)
             flushed, pending = pending, []
             # the watermark moves only past uids whose every chunk is written
             done_events = [r["uid"] for r in done_rows if r["kind"] == "event"]

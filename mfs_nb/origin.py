@@ -55,16 +55,28 @@ class Verdict:
     snapshots: tuple[dict[str, Any], ...] = ()
     vector: tuple[float, ...] = field(default=(), repr=False)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, message: str | None = None) -> dict[str, Any]:
+        """The stored form. Given the `message` it classifies (the event's content, kept in the log),
+        what the message itself says is not stored twice: own words that are the whole message, and
+        its first line, are null, and `from_json` takes them from the message again."""
         data = asdict(self)
         data["snapshots"] = [dict(s) for s in self.snapshots]
         data.pop("vector")
+        if message:
+            if data["own_text"] == message:
+                data["own_text"] = None
+            if data["first_line"] == first_line(message):
+                data["first_line"] = None
         return data
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Verdict:
+    def from_json(cls, data: dict[str, Any], message: str = "") -> Verdict:
         known = {k: data[k] for k in ("disposition", "source", "own_text", "quoted_uid", "score", "chars",
                                       "first_line") if k in data}
+        if "own_text" in known and known["own_text"] is None:
+            known["own_text"] = message
+        if "first_line" in known and known["first_line"] is None:
+            known["first_line"] = first_line(message)
         return cls(**known, snapshots=tuple(data.get("snapshots") or ()))
 
 

@@ -553,7 +553,8 @@ class Session:
 
         models = {uid: d.get("model", "") for uid, d in self.store.load_verdicts(self.name).items()}
         verdicts = dict(self.verbatim.verdicts)  # the index thread may add to it meanwhile
-        rows = [_row(uid, v, models.get(uid, "")) for uid, v in verdicts.items() if uid <= upto]
+        said = {e.uid: e.content for e in self._events if e.uid in verdicts}
+        rows = [_row(uid, v, models.get(uid, ""), said.get(uid)) for uid, v in verdicts.items() if uid <= upto]
         if rows:
             child.store.save_verdicts(child.name, rows)
             for uid, v in verdicts.items():
@@ -1037,7 +1038,7 @@ class Session:
             self._check_size(content, "the message with its attachments")
         user = self.record("user", content, origin=origin, new_turn=True)
         if verdict is not None:
-            self.verbatim.add(user.uid, verdict)
+            self.verbatim.add(user.uid, verdict, message=user.content)
         return user
 
     def _channel(self, text: str, quote: bool, attached: list[tuple[str, str]], own: bool,

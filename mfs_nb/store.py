@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import sys
@@ -510,11 +511,15 @@ class Store:
         state row, leases, compactions, ledger, verdicts, vectors."""
         self._writes[name] = n = self._writes.get(name, 0) + 1
         if n % _FOLD_OFTEN.get(name, _OPTIMIZE_EVERY) == 0:
-            keep = _FOLD_KEEP_S if self.is_local else max(_FOLD_KEEP_S, _REMOTE_KEEP_S)
             try:
-                table.optimize(cleanup_older_than=timedelta(seconds=keep))
+                table.optimize(cleanup_older_than=self._keep(_FOLD_KEEP_S))
             except Exception:  # compaction is an optimisation; a failure loses nothing
                 pass
+
+    def _keep(self, keep_s: float) -> timedelta:
+        """How old a version must be for a fold to remove it: `keep_s`, and on object storage at least
+        `_REMOTE_KEEP_S` (machines' clocks may differ)."""
+        return timedelta(seconds=keep_s if self.is_local else max(keep_s, _REMOTE_KEEP_S))
 
     def load_events(self, session: str, uid_from: int | None = None, uid_to: int | None = None) -> list[Event]:
         """Events of a session in uid order, optionally within [uid_from, uid_to]."""
@@ -679,8 +684,7 @@ class Store:
                 table = self._db.open_table(name)
                 before = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
                 with self._lock:
-                    table.optimize(cleanup_older_than=timedelta(
-                        seconds=keep_s if self.is_local else max(keep_s, _REMOTE_KEEP_S)))
+                    table.optimize(cleanup_older_than=self._keep(keep_s))
                 after = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
                 report["tables"][name] = {"before": before, "after": after}
             except Exception as exc:  # maintenance is an optimisation; a failure loses nothing
@@ -840,10 +844,12 @@ class Store:
         return table
 
     def index_text(self, rows: list[dict[str, Any]]) -> None:
-        """Text rows of the recall index (idempotent on their key)."""
+        """Text rows of the recall index (idempotent on their key), with the table's own columns."""
         if rows:
-            self._recall_text().merge_insert("key").when_not_matched_insert_all().execute(
-                pa.Table.from_pylist(rows, schema=RECALL_TEXT_SCHEMA))
+            table = self._recall_text()
+            rows = [{k: r.get(k) for k in RECALL_TEXT_SCHEMA.names} for r in rows]
+            table.merge_insert("key").when_not_matched_insert_all().execute(
+                pa.Table.from_pylist(rows, schema=table.schema))
 
     def index_vectors(self, model_id: str, rows: list[dict[str, Any]]) -> None:
         """Vector rows (same keys as the text rows) into the table of `model_id`; written once."""
@@ -873,9 +879,13 @@ class Store:
         return tables[name]
 
     def index_latent(self, model_id: str, rows: list[dict[str, Any]]) -> None:
-        """Latent-term rows (same keys as the text rows: terms and weights) of `model_id`; written once."""
+        """Latent-term rows (same keys as the text rows: terms and weights) of `model_id`; written once.
+        The weights are written as `_LATENT_STEPS` steps of the row's largest (`scale`), where the
+        table has that column."""
         if rows:
             table = self._recall_latent(model_id, create=True)
+            if "scale" in table.schema.names:
+                rows = [r | _quantized(r["weights"]) for r in rows]
             table.merge_insert("key").when_not_matched_insert_all().execute(
                 pa.Table.from_pylist(rows, schema=table.schema))
 
@@ -885,8 +895,13 @@ class Store:
         if table is None:
             return []
         where = f"{where} AND uid IN ({', '.join(str(int(u)) for u in uids)})"
-        return (table.search().where(where).select(["key", "kind", "uid", "uid_to", "turn", "role", "chunk", "terms",
-                                                      "weights"]).limit(None).to_list())
+        scaled = "scale" in table.schema.names
+        rows = (table.search().where(where).select(["key", "kind", "uid", "uid_to", "turn", "role", "chunk", "terms",
+                                                    "weights"] + (["scale"] if scaled else [])).limit(None).to_list())
+        for r in rows if scaled else ():
+            step = float(r.pop("scale") or 0.0) / _LATENT_STEPS
+            r["weights"] = [q * step for q in r["weights"]]
+        return rows
 
     def recall_state(self, session: str, model_id: str) -> tuple[int, int]:
         """(events_upto, segments_upto) indexed for a session: model "" is the full-text side,
@@ -971,11 +986,17 @@ class Store:
         return out
 
     def optimize_recall(self, model_id: str | None) -> dict[str, Any]:
-        """Fold new rows into the indexes; build the ANN index once the vectors table is big enough.
-        Returns what was done (for the ledger and the docs)."""
+        """Fold new rows into the indexes and remove versions older than `_FOLD_KEEP_S`, as a turn's
+        fold does (`_fold`); build the ANN index once the vectors table is big enough. Returns what was
+        done (for the ledger and the docs).
+
+        The versions matter: each write of the index is one, and a fold rewrites the table's data, so
+        until they are removed every fold leaves a full copy behind (they were kept until the next
+        quiet moment, which a session whose index is still catching up does not reach)."""
         done: dict[str, Any] = {}
+        keep = self._keep(_FOLD_KEEP_S)
         text = self._recall_text()
-        text.optimize()
+        text.optimize(cleanup_older_than=keep)
         done["text_rows"] = text.count_rows()
         table = self._recall_vectors(model_id) if model_id else None
         if table is not None:
@@ -991,11 +1012,11 @@ class Store:
                                                           num_sub_vectors=max(1, dim // 8)))
                 has_ann = done["ann_built"] = True
             else:
-                table.optimize()
+                table.optimize(cleanup_older_than=keep)
             self.__dict__.setdefault("_ann", {})[model_id] = has_ann
         latent = self._recall_latent(model_id) if model_id else None
         if latent is not None:
-            latent.optimize()
+            latent.optimize(cleanup_older_than=keep)
         return done
 
     def has_ann(self, model_id: str) -> bool:
@@ -1021,7 +1042,8 @@ RECALL_TEXT_SCHEMA = pa.schema(
         ("role", pa.string()),  # user | assistant | tool | segment
         ("chunk", pa.int64()),
         ("text", pa.large_string()),  # the chunk itself: the word index reads it, snippets show it
-        ("words", pa.large_string()),  # what the embedder reads: the end of the event before, then the chunk
+        # (no `words`, what the embedder read: it is rebuilt from the log whenever it is needed; an older
+        # store's table has that column, and the rows written since leave it empty)
         ("cjk", pa.large_string()),  # the CJK runs of `text`, for the n-gram index
         ("created_at", pa.string()),
     ]
@@ -1094,11 +1116,24 @@ def recall_latent_name(model_id: str) -> str:
     return "recall_latent_" + vectors_table_name(model_id)[len("vectors_"):]
 
 
-# an embedder's sparse "latent terms" of each indexed row: feature ids and their weights
+# an embedder's sparse "latent terms" of each indexed row: feature ids and their weights, each weight
+# as a multiple of `scale` / _LATENT_STEPS (one byte instead of float16's two: 128 terms of a row are
+# then 128 bytes, not 256; a score moves by at most 0.4 % of the row's largest weight per shared term).
+# Tables an older mfs_nb made hold float16 weights and no `scale`, and are read and written as they are.
+_LATENT_STEPS = 127
 RECALL_LATENT_SCHEMA = pa.schema([("key", pa.string()), ("session", pa.string()), ("kind", pa.string()),
                                   ("uid", pa.int64()), ("uid_to", pa.int64()), ("turn", pa.int64()),
                                   ("role", pa.string()), ("chunk", pa.int64()), ("terms", pa.list_(pa.int32())),
-                                  ("weights", pa.list_(VECTOR_TYPE))])
+                                  ("weights", pa.list_(pa.int8())), ("scale", pa.float32())])
+
+
+def _quantized(weights: list[float]) -> dict[str, Any]:
+    """`weights` as whole steps of their largest magnitude (`RECALL_LATENT_SCHEMA`)."""
+    finite = [float(w) if math.isfinite(float(w)) else 0.0 for w in weights]  # a NaN weighs nothing
+    scale = max(map(abs, finite), default=0.0)
+    if not scale:
+        return {"weights": [0] * len(finite), "scale": 0.0}
+    return {"weights": [round(w / scale * _LATENT_STEPS) for w in finite], "scale": scale}
 
 
 def _create_index(table: Any, column: str, config: Any) -> None:

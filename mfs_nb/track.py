@@ -195,8 +195,9 @@ class VerbatimTrack:
     def __init__(self, host: Host):
         self.s = host
         self._lock = threading.RLock()
-        self.verdicts: dict[int, Verdict] = {
-            uid: Verdict.from_json(d) for uid, d in host.store.load_verdicts(host.name).items()}
+        stored = host.store.load_verdicts(host.name)
+        said = {e.uid: e.content for e in host.events() if e.uid in stored} if stored else {}
+        self.verdicts: dict[int, Verdict] = {uid: Verdict.from_json(d, said.get(uid, "")) for uid, d in stored.items()}
         self._embedder: CachedEmbedder | None = None
         self._embedder_for: str | None = None
         self.off_reason: str | None = None
@@ -232,9 +233,10 @@ class VerbatimTrack:
         return self._embedder if self._embedder_for == self.s.settings().embedding_model else None
 
     # -- verdicts --------------------------------------------------------------------------
-    def add(self, uid: int, verdict: Verdict, model: str = "") -> None:
+    def add(self, uid: int, verdict: Verdict, model: str = "", message: str | None = None) -> None:
+        """`verdict` for the user message `uid`, whose text is `message` (see `_row`)."""
         with self._lock:
-            self.s.store.save_verdicts(self.s.name, [_row(uid, verdict, model)])
+            self.s.store.save_verdicts(self.s.name, [_row(uid, verdict, model, message)])
             self.verdicts.setdefault(uid, verdict)
 
     def classify_pending(self, upto: int, in_turn: bool = True) -> int:
@@ -259,7 +261,7 @@ class VerbatimTrack:
             rows, vectors, counts = [], [], {d: 0 for d in origin.DISPOSITIONS}
             for e in todo:
                 verdict = self._classify(e, events, embedder, own.get(e.uid), not later)
-                rows.append(_row(e.uid, verdict, embedder.model_id if embedder else ""))
+                rows.append(_row(e.uid, verdict, embedder.model_id if embedder else "", e.content))
                 if verdict.vector and e.uid not in own:  # the index's own-words row is that vector already
                     vectors.append((e.uid, list(verdict.vector)))
                 self.verdicts[e.uid] = verdict
@@ -333,6 +335,8 @@ def _recent(event: Event, events: Sequence[Event]) -> list[tuple[int, str]]:
     return replies_before(events, event.uid, origin.RECENT)
 
 
-def _row(uid: int, verdict: Verdict, model: str) -> dict[str, Any]:
-    return {"uid": uid, "disposition": verdict.disposition, "source": verdict.source, "data": verdict.to_json(),
-            "model": model}
+def _row(uid: int, verdict: Verdict, model: str, message: str | None = None) -> dict[str, Any]:
+    """The stored row of a verdict; with `message`, the text of the event, what that text says is not
+    stored a second time (`Verdict.to_json`)."""
+    return {"uid": uid, "disposition": verdict.disposition, "source": verdict.source,
+            "data": verdict.to_json(message), "model": model}

@@ -16,7 +16,7 @@ from mfs_nb import search as S
 from mfs_nb.clearing import Clearing, apply
 from mfs_nb.errors import InputError
 from mfs_nb.llm import Completion
-from mfs_nb.store import Store, recall_vectors_name
+from mfs_nb.store import Store, _layout, recall_vectors_name
 from mfs_nb.tools import call_tool
 from mfs_nb.track import CachedEmbedder
 
@@ -416,6 +416,62 @@ def test_a_backlog_is_indexed_in_steps_and_a_failure_mid_way_resumes_exactly(sto
     assert s.store.recall_state("s", "fake/8d")[0] == 8
     rows = s.store._recall_vectors("fake/8d").search().where("session = 's'").limit(None).to_list()
     assert sorted(r["uid"] for r in rows) == list(range(1, 9))  # each uid once, none lost at a step's edge
+
+
+def test_a_long_catch_up_folds_the_index_as_it_goes_and_drops_old_versions(store_dir, monkeypatch):
+    """Each write of the index is a version; a fold rewrites the data, and until a version is removed
+    it keeps the old copy on disk. A catch-up folds every OPTIMIZE_EVERY rows, in the middle of a
+    backlog too, and keeps only the versions of the last seconds (here of the last millisecond)."""
+    from mfs_nb import index
+    from mfs_nb import store as st
+
+    monkeypatch.setattr(index, "WRITE_ROWS", 2)
+    monkeypatch.setattr(index, "OPTIMIZE_EVERY", 6)
+    monkeypatch.setattr(st, "_FOLD_KEEP_S", 0.001)
+    s = _fts_session(store_dir)
+    s.indexer.enabled = False
+    for i in range(24):
+        s.record("user" if i % 2 == 0 else "assistant", f"note {i} on topic{i}", new_turn=i % 2 == 0)
+    emb = _Embedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    write, loose = s.store.index_vectors, []
+
+    def index_vectors(model_id, rows):  # the table's fragments after each write of the catch-up
+        write(model_id, rows)
+        loose.append(_layout(s.store._recall_vectors(model_id), None)["fragments"])
+
+    monkeypatch.setattr(s.store, "index_vectors", index_vectors)
+    assert s.indexer.catch_up(plain=False)["vector_rows"] == 24
+    # 12 writes of 2 rows each, a version apiece and a fragment until a fold; folded every 3 writes
+    assert len(loose) == 12 and max(loose) <= 6  # (a fold may leave two fragments)
+    vectors = s.store._recall_vectors("fake/8d")
+    layout = _layout(vectors, None)
+    assert layout["versions"] <= 2 and layout["fragments"] <= 2
+    assert sorted(r["uid"] for r in vectors.search().limit(None).to_list()) == list(range(1, 25))
+    assert [h.uid for h in s.search("topic7", 1)] == [8]
+
+
+def test_text_rows_keep_the_chunk_not_what_the_embedder_read(store_dir):
+    """The embedder reads a chunk with the end of the event before; that text is rebuilt from the log
+    when needed, and not stored a second time. A store whose table still has the column is written too."""
+    import pyarrow as pa
+
+    from mfs_nb.store import RECALL_TEXT, RECALL_TEXT_SCHEMA
+
+    old = Store(store_dir)
+    old._db.create_table(RECALL_TEXT, schema=RECALL_TEXT_SCHEMA.append(pa.field("words", pa.large_string())))
+    s = _fts_session(store_dir)
+    s.record("user", "the vault code is kept by Maria", new_turn=True)
+    s.record("assistant", "noted, Maria keeps it")
+    s.indexer.catch_up()
+    table = s.store._recall_text()
+    rows = table.search().limit(None).to_list()
+    assert "words" in table.schema.names and [r["words"] for r in rows] == [None, None]
+    assert [h.uid for h in s.search("vault code", 1)] == [1]
+    fresh = _fts_session(store_dir + "-new")
+    fresh.record("user", "hello there", new_turn=True)
+    fresh.indexer.catch_up()
+    assert "words" not in fresh.store._recall_text().schema.names
 
 
 def test_background_indexer_waits_while_a_turn_runs(store_dir, monkeypatch):

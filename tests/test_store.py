@@ -400,8 +400,9 @@ def test_a_state_row_that_cannot_be_saved_after_the_turn_is_a_notice_not_a_lost_
 
 
 def test_vectors_are_stored_as_float16_and_an_older_float32_table_keeps_working(store_uri):
-    """Issue 19 (store size): a new store keeps recall vectors, origin vectors and latent weights in
-    float16 (half the bytes); a table an older mfs_nb wrote in float32 is written and searched as it is."""
+    """Issue 19 (store size): a new store keeps recall vectors and origin vectors in float16 (half the
+    bytes) and latent weights in one byte each, steps of the row's largest; a table an older mfs_nb
+    wrote (float32 vectors, float16 weights) is written and searched as it is."""
     import numpy as np
     import pyarrow as pa
 
@@ -416,12 +417,23 @@ def test_vectors_are_stored_as_float16_and_an_older_float32_table_keeps_working(
     s.index_latent("new/4d", [{k: r[k] for k in ("key", "session", "kind", "uid", "uid_to", "turn", "role", "chunk")}
                               | {"terms": [7, 9], "weights": [1.25, 0.5]} for r in rows])
     db = s._db
-    for name, column in ((st.recall_vectors_name("new/4d"), "vector"), (st.vectors_table_name("new/4d"), "vector"),
-                         (st.recall_latent_name("new/4d"), "weights")):
-        assert db.open_table(name).schema.field(column).type.value_type == pa.float16(), name
+    for name in (st.recall_vectors_name("new/4d"), st.vectors_table_name("new/4d")):
+        assert db.open_table(name).schema.field("vector").type.value_type == pa.float16(), name
+    assert db.open_table(st.recall_latent_name("new/4d")).schema.field("weights").type.value_type == pa.int8()
     hits = s.search_vectors("new/4d", "session = 's'", [0.59, 0.81, 0.0, 0.0], 3)
     assert [h["uid"] for h in hits] == [3, 2, 1]
-    assert s.latent_rows("new/4d", "session = 's'", [1])[0]["weights"] == [1.25, 0.5]
+    weights = s.latent_rows("new/4d", "session = 's'", [1])[0]["weights"]
+    assert weights[0] == pytest.approx(1.25) and weights[1] == pytest.approx(0.5, abs=1.25 / 254)  # half a step
+    s.index_latent("new/4d", [{**fields, "key": "nan", "uid": 4, "terms": [1, 2, 3], "weights": [0.0, float("nan"), -2.0]}])
+    assert s.latent_rows("new/4d", "session = 's'", [4])[0]["weights"] == [0.0, 0.0, -2.0]  # NaN weighs nothing
+
+    # an older store's latent table: float16 weights, no scale
+    old_latent = pa.schema([(f.name, pa.list_(pa.float16()) if f.name == "weights" else f.type)
+                            for f in st.RECALL_LATENT_SCHEMA if f.name != "scale"])
+    s._table(st.recall_latent_name("old/4d"), old_latent)
+    s.index_latent("old/4d", [{**fields, "key": "k1", "uid": 1, "terms": [7, 9], "weights": [1.25, 0.5]}])
+    assert "scale" not in db.open_table(st.recall_latent_name("old/4d")).schema.names
+    assert s.latent_rows("old/4d", "session = 's'", [1])[0]["weights"] == [1.25, 0.5]  # exact in float16
 
     # an older store: the same tables made in float32 before this change
     old = pa.schema([(f.name, pa.list_(pa.float32(), 4) if f.name == "vector" else f.type)

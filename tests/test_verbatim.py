@@ -203,6 +203,29 @@ def test_track_keeps_own_words_points_at_quotes_and_changes_only_at_compaction(s
     assert _track_text(again) == text  # a restart renders the same bytes
 
 
+def test_a_verdict_does_not_store_the_message_again_and_reopens_the_same(store_dir):
+    """Own words that are the whole message, and its first line, are read from the log on load, not
+    stored with the verdict a second time; what differs from the message (a quote keeps no words) is."""
+    s = _session(store_dir)
+    _fill(s, 4)
+    quote = s.record("user", REPLY, new_turn=True).uid
+    s.record("assistant", "noted")
+    noted = s.record_user(REPLY + "\n---\nI disagree with 30, use 20.", quote=True).uid
+    s.record("assistant", "ok")
+    _fill(s, 25)
+    s.compact()
+    before = dict(s.verbatim.verdicts)
+    stored = s.store.load_verdicts("vt")
+    own = [u for u, v in before.items() if v.disposition == OWN]
+    assert own and all(stored[u]["own_text"] is None and stored[u]["first_line"] is None for u in own)
+    assert before[quote].disposition == QUOTE and stored[quote]["own_text"] == ""
+    assert before[noted].disposition == QUOTE_NOTE and before[noted].own_text.endswith("use 20.")
+    again = Session("vt", store=store_dir, window_tokens=8000, llm=FakeLLM())
+    assert {u: (v.disposition, v.own_text, v.first_line, v.quoted_uid) for u, v in again.verbatim.verdicts.items()} \
+        == {u: (v.disposition, v.own_text, v.first_line, v.quoted_uid) for u, v in before.items()}
+    assert all(again.verbatim.verdicts[u].own_text == s.events[u - 1].content for u in own)
+
+
 def test_track_budget_keeps_the_newest_and_names_the_dropped(store_dir):
     s = _session(store_dir, verbatim_share=0.04)
     _fill(s, 30)
