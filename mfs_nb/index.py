@@ -215,9 +215,9 @@ class Indexer:
                     store.save_recall_state(name, "", text_upto, text_seg)
                 before = step[-1] if step else before
                 n_rows += len(rows)
+                self._wrote(len(rows), None)
             done = {"text_rows": n_rows, "vector_rows": 0}
             embedder = self.model() if vectors else None
-            self._wrote(n_rows, embedder)
             if embedder is not None:
                 done["vector_rows"] = self._vectors(embedder, events, segments, turns, progress, batch, plain)
                 if plain and not self._stop:  # the user messages' verdicts, from the vectors just written
@@ -228,14 +228,20 @@ class Indexer:
             return done
 
     def _wrote(self, rows: int, embedder: Any) -> None:
-        """Count rows written to the index; every `OPTIMIZE_EVERY` of them, fold its tables (and build
-        the ANN index when the vectors are enough). Also in the middle of a long catch-up: a session left
-        alone with a backlog writes for an hour, and its versions would pile up until the end."""
+        """Count rows written to the index (their watermark saved); every `OPTIMIZE_EVERY` of them, fold
+        its tables (the text table, and `embedder`'s vector and latent tables; the ANN index is built
+        when the vectors are enough). Also in the middle of a long catch-up: a session left alone with a
+        backlog writes for an hour, and its versions would pile up until the end. A fold that fails (two
+        kernels, or the quiet fold, folding one table at once) is skipped; the next one folds it."""
         self._rows_since_optimize += rows
         if self._rows_since_optimize < OPTIMIZE_EVERY:
             return
         self._rows_since_optimize = 0
-        info = self.s.store.optimize_recall(embedder.model_id if embedder is not None else None)
+        try:
+            info = self.s.store.optimize_recall(embedder.model_id if embedder is not None else None)
+        except Exception as exc:  # a fold is an optimisation: nothing is lost, and indexing goes on
+            self.s.log("recall_fold_skipped", error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+            return
         if info.get("ann_built"):
             self.s.log("recall_index", ann_built=True, vector_rows=info.get("vector_rows"))
 
@@ -297,7 +303,6 @@ class Indexer:
                                            for r, v, _ in pending])
             done_rows = [r for r, _, _ in pending]
             written += len(pending)
-            self._wrote(len(pending), embedder)
             flushed, pending = pending, []
             # the watermark moves only past uids whose every chunk is written
             done_events = [r["uid"] for r in done_rows if r["kind"] == "event"]
@@ -311,6 +316,7 @@ class Indexer:
             store.save_recall_state(name, model_id, upto, seg_upto)
             if self._latent_sync and all(t is not None for r, _, t in flushed if r["chunk"] >= 0):
                 store.save_recall_state(name, model_id + LATENT, upto, seg_upto)
+            self._wrote(len(flushed), embedder)
         return written, upto, seg_upto
 
     def _latent_backfill(self, embedder: Any, events: Sequence[Event], segments: Sequence[Segment],

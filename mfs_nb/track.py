@@ -196,8 +196,11 @@ class VerbatimTrack:
         self.s = host
         self._lock = threading.RLock()
         stored = host.store.load_verdicts(host.name)
-        said = {e.uid: e.content for e in host.events() if e.uid in stored} if stored else {}
-        self.verdicts: dict[int, Verdict] = {uid: Verdict.from_json(d, said.get(uid, "")) for uid, d in stored.items()}
+        said = _messages(host, set(stored))
+        # a verdict that takes its words from its message, and whose message this kernel cannot read, is
+        # left out (classified again when needed) rather than shown without its words
+        self.verdicts: dict[int, Verdict] = {uid: Verdict.from_json(d, said.get(uid, "")) for uid, d in stored.items()
+                                             if uid in said or None not in (d.get("own_text"), d.get("first_line"))}
         self._embedder: CachedEmbedder | None = None
         self._embedder_for: str | None = None
         self.off_reason: str | None = None
@@ -333,6 +336,16 @@ class VerbatimTrack:
 def _recent(event: Event, events: Sequence[Event]) -> list[tuple[int, str]]:
     """The assistant messages a user message is compared with: the last few before it."""
     return replies_before(events, event.uid, origin.RECENT)
+
+
+def _messages(host: Host, uids: set[int]) -> dict[int, str]:
+    """The content of these events. A verdict can be newer than the log this kernel read: another
+    kernel recorded a message and classified it in between, so the log is read again first."""
+    said = {e.uid: e.content for e in host.events() if e.uid in uids} if uids else {}
+    if len(said) < len(uids):
+        host.catch_up()
+        said = {e.uid: e.content for e in host.events() if e.uid in uids}
+    return said
 
 
 def _row(uid: int, verdict: Verdict, model: str, message: str | None = None) -> dict[str, Any]:

@@ -451,6 +451,29 @@ def test_a_long_catch_up_folds_the_index_as_it_goes_and_drops_old_versions(store
     assert [h.uid for h in s.search("topic7", 1)] == [8]
 
 
+def test_a_fold_that_fails_mid_catch_up_loses_nothing_and_indexing_goes_on(store_dir, monkeypatch):
+    """Two kernels (or the quiet fold) folding one table at once: one commit loses. The catch-up goes on."""
+    from mfs_nb import index
+
+    monkeypatch.setattr(index, "WRITE_ROWS", 2)
+    monkeypatch.setattr(index, "OPTIMIZE_EVERY", 4)
+    s = _fts_session(store_dir)
+    s.indexer.enabled = False
+    for i in range(12):
+        s.record("user" if i % 2 == 0 else "assistant", f"note {i} on topic{i}", new_turn=i % 2 == 0)
+    emb = _Embedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+
+    def conflict(model_id):
+        raise RuntimeError("Retryable commit conflict for version 9: Rewrite preempted")
+
+    monkeypatch.setattr(s.store, "optimize_recall", conflict)
+    assert s.indexer.catch_up(plain=False)["vector_rows"] == 12 and s.indexer.failed is None
+    assert s.store.recall_state("s", "fake/8d")[0] == 12 and s.store.recall_state("s", "")[0] == 12
+    skipped = [r for r in s.store.load_ledger("s") if r["kind"] == "recall_fold_skipped"]
+    assert skipped and "commit conflict" in skipped[0]["error"]
+
+
 def test_text_rows_keep_the_chunk_not_what_the_embedder_read(store_dir):
     """The embedder reads a chunk with the end of the event before; that text is rebuilt from the log
     when needed, and not stored a second time. A store whose table still has the column is written too."""

@@ -226,6 +226,29 @@ def test_a_verdict_does_not_store_the_message_again_and_reopens_the_same(store_d
     assert all(again.verbatim.verdicts[u].own_text == s.events[u - 1].content for u in own)
 
 
+def test_a_verdict_newer_than_the_log_a_kernel_read_gets_its_words(store_dir, monkeypatch):
+    """Another kernel may record a message and its verdict between this kernel's reading of the log
+    and of the verdicts: the log is read again, and the verdict is not shown without its words."""
+    from mfs_nb.store import Store
+
+    s = _session(store_dir)
+    _fill(s, 29)
+    s.compact()
+    last = max(u for u, v in s.verbatim.verdicts.items() if v.disposition == OWN)
+    assert s.store.load_verdicts("vt")[last]["own_text"] is None
+    load, calls = Store.load_events, []
+
+    def stale_first_read(self, session, uid_from=None, uid_to=None):  # the first read misses `last` on
+        calls.append(uid_from)
+        events = load(self, session, uid_from, uid_to)
+        return [e for e in events if e.uid < last] if len(calls) == 1 else events
+
+    monkeypatch.setattr(Store, "load_events", stale_first_read)
+    again = Session("vt", store=store_dir, window_tokens=8000, llm=FakeLLM())
+    assert again.verbatim.verdicts[last].own_text == s.events[last - 1].content
+    assert again.verbatim.verdicts[last].first_line == s.verbatim.verdicts[last].first_line
+
+
 def test_track_budget_keeps_the_newest_and_names_the_dropped(store_dir):
     s = _session(store_dir, verbatim_share=0.04)
     _fill(s, 30)
