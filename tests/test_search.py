@@ -418,22 +418,30 @@ def test_a_backlog_is_indexed_in_steps_and_a_failure_mid_way_resumes_exactly(sto
     assert sorted(r["uid"] for r in rows) == list(range(1, 9))  # each uid once, none lost at a step's edge
 
 
+def _backlog(store_dir: str, monkeypatch: pytest.MonkeyPatch, events: int, fold_every: int) -> Session:
+    """A session with `events` not indexed yet, `_Embedder` as its model, vectors written 2 rows at a
+    time and the index folded every `fold_every` rows."""
+    from mfs_nb import index
+
+    monkeypatch.setattr(index, "WRITE_ROWS", 2)
+    monkeypatch.setattr(index, "OPTIMIZE_EVERY", fold_every)
+    s = _fts_session(store_dir)
+    s.indexer.enabled = False
+    for i in range(events):
+        s.record("user" if i % 2 == 0 else "assistant", f"note {i} on topic{i}", new_turn=i % 2 == 0)
+    emb = _Embedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    return s
+
+
 def test_a_long_catch_up_folds_the_index_as_it_goes_and_drops_old_versions(store_dir, monkeypatch):
     """Each write of the index is a version; a fold rewrites the data, and until a version is removed
     it keeps the old copy on disk. A catch-up folds every OPTIMIZE_EVERY rows, in the middle of a
     backlog too, and keeps only the versions of the last seconds (here of the last millisecond)."""
-    from mfs_nb import index
     from mfs_nb import store as st
 
-    monkeypatch.setattr(index, "WRITE_ROWS", 2)
-    monkeypatch.setattr(index, "OPTIMIZE_EVERY", 6)
     monkeypatch.setattr(st, "_FOLD_KEEP_S", 0.001)
-    s = _fts_session(store_dir)
-    s.indexer.enabled = False
-    for i in range(24):
-        s.record("user" if i % 2 == 0 else "assistant", f"note {i} on topic{i}", new_turn=i % 2 == 0)
-    emb = _Embedder()
-    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    s = _backlog(store_dir, monkeypatch, 24, fold_every=6)
     write, loose = s.store.index_vectors, []
 
     def index_vectors(model_id, rows):  # the table's fragments after each write of the catch-up
@@ -453,16 +461,7 @@ def test_a_long_catch_up_folds_the_index_as_it_goes_and_drops_old_versions(store
 
 def test_a_fold_that_fails_mid_catch_up_loses_nothing_and_indexing_goes_on(store_dir, monkeypatch):
     """Two kernels (or the quiet fold) folding one table at once: one commit loses. The catch-up goes on."""
-    from mfs_nb import index
-
-    monkeypatch.setattr(index, "WRITE_ROWS", 2)
-    monkeypatch.setattr(index, "OPTIMIZE_EVERY", 4)
-    s = _fts_session(store_dir)
-    s.indexer.enabled = False
-    for i in range(12):
-        s.record("user" if i % 2 == 0 else "assistant", f"note {i} on topic{i}", new_turn=i % 2 == 0)
-    emb = _Embedder()
-    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    s = _backlog(store_dir, monkeypatch, 12, fold_every=4)
 
     def conflict(model_id):
         raise RuntimeError("Retryable commit conflict for version 9: Rewrite preempted")
