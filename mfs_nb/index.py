@@ -215,7 +215,8 @@ class Indexer:
                     store.save_recall_state(name, "", text_upto, text_seg)
                 before = step[-1] if step else before
                 n_rows += len(rows)
-                self._wrote(len(rows), None)
+                # the vector tables are folded with it when the embedder is loaded (never loaded for this)
+                self._wrote(len(rows), None if self.failed or not vectors else self.s.embedder(False))
             done = {"text_rows": n_rows, "vector_rows": 0}
             embedder = self.model() if vectors else None
             if embedder is not None:

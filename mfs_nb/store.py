@@ -844,7 +844,8 @@ class Store:
         return table
 
     def index_text(self, rows: list[dict[str, Any]]) -> None:
-        """Text rows of the recall index (idempotent on their key), with the table's own columns."""
+        """Text rows of the recall index (idempotent on their key): the columns of RECALL_TEXT_SCHEMA only,
+        so an older table's `words` stays empty."""
         if rows:
             table = self._recall_text()
             rows = [{k: r.get(k) for k in RECALL_TEXT_SCHEMA.names} for r in rows]
