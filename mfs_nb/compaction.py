@@ -773,22 +773,25 @@ class Compactor:
         """Whether a background pre-compaction has finished and waits to be committed."""
         return self.pending is not None and self.pending.done.is_set()
 
-    def piggyback(self, tier: str, synchronous_background: bool) -> list[str]:
+    def piggyback(self, tier: str, synchronous_background: bool, effective: int | None = None) -> list[str]:
         """Right after a clearing, which rewrote the payload from the history layers on: commit a
         compaction if one is ready now, so that the two share one cache miss. Nothing waits for the
         summarizer: with background compaction only a finished pre-compaction is taken; in line (a
-        replay, `background_compaction=False`) one is made here."""
+        replay, `background_compaction=False`) one is made here. `effective`: the usable window, when the
+        caller has measured it already (else it is measured here)."""
         if self.pending is None and synchronous_background:
-            self.start_background(self.s.usage().effective, True)
+            self.start_background(effective or self.s.usage().effective, True)
         return self.compact(tier, "with clearing", only_ready=True) if self._ready() else []
 
-    def on_tier(self, tier: str, synchronous_background: bool) -> list[str]:
+    def on_tier(self, tier: str, synchronous_background: bool, effective: int | None = None) -> list[str]:
         """warn: pre-compact in the background; compress: commit what is ready (start it if nothing
-        is under way); hard: compact now, waiting for the background result first."""
+        is under way); hard: compact now, waiting for the background result first. `effective`: the
+        usable window of the usage the tier came from (a second projection of the payload costs
+        milliseconds a call once the history is long)."""
         self.calls += 1
         if TIERS.index(tier) < TIERS.index("warn"):
             return []
-        effective = self.s.usage().effective
+        effective = effective or self.s.usage().effective
         if tier == "warn":
             self.start_background(effective, synchronous_background)
             return []

@@ -12,7 +12,10 @@ import re
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
+
+from .tokens import message_tokens
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -62,6 +65,12 @@ class Event:
     def tool_call_ids(self) -> tuple[str, ...]:
         """Ids of the tool calls this assistant event makes (empty for other events)."""
         return tuple(str(c.get("id", "")) for c in self.tool_calls)
+
+    @cached_property
+    def tokens(self) -> int:
+        """Estimated tokens of this event as a chat message (`to_message`), counted once: the cold-range
+        choice sums them over the whole raw tail on every call past the warn line."""
+        return message_tokens(self.to_message())
 
     def to_message(self) -> dict[str, Any]:
         """This event as an OpenAI-format chat message."""

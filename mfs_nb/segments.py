@@ -18,7 +18,7 @@ from . import lang, workset
 from .events import Event
 from .facts import tool_digest
 from .lang import conversation_language, header_language  # noqa: F401 (re-exported)
-from .tokens import estimate_tokens, message_tokens
+from .tokens import estimate_tokens
 from .view import pair_tool_messages
 
 HONESTY = lang.text("honesty")
@@ -84,7 +84,7 @@ class RangeChoice:
 
 
 def event_tokens(e: Event) -> int:
-    return message_tokens(e.to_message())
+    return e.tokens
 
 
 def compressor_chars(e: Event) -> int:

@@ -18,6 +18,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
@@ -128,6 +129,12 @@ def _window_for(settings: Settings) -> int:
 def system_prompt(extra: str = "") -> str:
     base = resources.files("mfs_nb").joinpath("prompts/system.md").read_text(encoding="utf-8").strip()
     return base + ("\n\n" + extra.strip() if extra.strip() else "")
+
+
+@lru_cache(maxsize=8)
+def _text_tokens(text: str) -> int:
+    """`estimate_tokens`, remembered: the tool schemas are measured on every call and rarely change."""
+    return estimate_tokens(text)
 
 
 class Session:
@@ -335,7 +342,7 @@ class Session:
 
     def _tool_schema_tokens(self, settings: Settings | None = None) -> int:
         schemas = self._tool_schemas(settings)
-        return estimate_tokens(json.dumps(schemas)) if schemas else 0
+        return _text_tokens(json.dumps(schemas)) if schemas else 0
 
     # -- the log ---------------------------------------------------------------------------
     @property
@@ -718,11 +725,11 @@ class Session:
             notices += cleared
         if self.settings.auto_compaction:
             sync = not self.settings.background_compaction
-            acted = self.compactor.on_tier(usage.tier, synchronous_background=sync)
+            acted = self.compactor.on_tier(usage.tier, synchronous_background=sync, effective=usage.effective)
             if cleared and not acted:
                 # the clearing has already paid the cache miss from the history layers on, where a new
                 # segment would go: a compaction ready now costs nothing more (one reset, not two)
-                acted = self.compactor.piggyback(tier, sync)
+                acted = self.compactor.piggyback(tier, sync, usage.effective)
             if acted:
                 notices += acted
                 view = self.send_view()
