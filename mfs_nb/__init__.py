@@ -40,6 +40,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
+def empty_chat_body(lines: list[str]) -> list[str]:
+    """An input transformer: a `%%chat` cell with nothing under its first line gets a blank body.
+
+    IPython itself refuses an empty cell-magic body with a `UsageError` before the magic runs, which
+    stops Run All; with a blank body `%%chat` answers with its own one `mfs:` line instead."""
+    if lines and lines[0].lstrip().startswith("%%chat") and not "".join(lines[1:]).strip():
+        return [lines[0].rstrip("\n") + "\n", " \n"]
+    return lines
+
+
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext mfs_nb`: register the magics; litellm, LanceDB and the embedder warm up off the cell."""
     from . import warm
@@ -48,6 +58,9 @@ def load_ipython_extension(ipython: Any) -> None:
 
     magics = MfsMagics(ipython)
     ipython.register_magics(magics)
+    cleanup = getattr(ipython, "input_transformers_cleanup", None)
+    if cleanup is not None and empty_chat_body not in cleanup:
+        cleanup.append(empty_chat_body)  # IPython refuses an empty cell magic body with a UsageError
     if getattr(ipython, "events", None) is not None:
         magics.cells = CellLog(ipython)  # executed code cells join the session at the next %%chat
     # store libraries, the model client and the embedding gate load in a background thread
@@ -55,7 +68,10 @@ def load_ipython_extension(ipython: Any) -> None:
 
 
 def unload_ipython_extension(ipython: Any) -> None:
-    """State lives in the store; only the cell log's hooks come off the shell."""
+    """State lives in the store; only the cell log's hooks and the input transformer come off the shell."""
+    cleanup = getattr(ipython, "input_transformers_cleanup", None)
+    if cleanup is not None and empty_chat_body in cleanup:
+        cleanup.remove(empty_chat_body)
     magics = getattr(ipython, "magics_manager", None) and ipython.magics_manager.registry.get("MfsMagics")
     if magics is not None and getattr(magics, "cells", None) is not None:
         magics.cells.close()

@@ -103,6 +103,20 @@ def test_mistakes_print_one_line_and_do_not_stop_run_all(ip, capsys):
     assert "UsageError" not in err and "Traceback" not in err
 
 
+def test_an_empty_chat_cell_is_one_line_not_a_usage_error(ip, capsys):
+    """IPython refuses an empty cell-magic body itself, before %%chat runs, with a UsageError that
+    stops Run All; the extension gives the body a blank line so %%chat's own line answers."""
+    for cell in ("%%chat", "%%chat\n", "%%chat --no-stream", "%%chat --session side\n\n"):
+        result = ip.run_cell(cell)
+        assert result.success, cell
+    err = capsys.readouterr().err
+    lines = err.strip().split("\n")
+    assert len(lines) == 4 and all(line.startswith("mfs: the %%chat cell is empty") for line in lines), err
+    assert ip.run_cell("x = 1\nx").success  # other cells untouched
+    ip.run_line_magic("unload_ext", "mfs_nb")
+    assert ip.run_cell("%%chat").success is False  # the transformer comes off with the extension
+
+
 def test_config_traitlets_validate_before_applying(ip, caplog):
     magics = ip.magics_manager.registry["MfsMagics"]
     ip.run_cell("%config MfsMagics.window_tokens = 16000")
