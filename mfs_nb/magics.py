@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import os
 import re
 import shlex
 import sys
@@ -24,7 +25,7 @@ from traitlets import Int, TraitError, Unicode, observe, validate
 from traitlets.config import Configurable
 
 from .errors import InputError, MfsError
-from .settings import Settings
+from .settings import ENV_NAMES, PERSON_KEYS, Settings, from_environment
 
 _TEMPLATE = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _RANGE = re.compile(r"^\s*#?(\d+)\s*(?:(?:-|–|\.\.|\s)\s*#?(\d+))?\s*$")
@@ -105,6 +106,11 @@ class MfsMagics(Magics, Configurable):
         shell.configurables.append(self)
         self._sessions: dict[str, Any] = {}
         self._store: Any = None
+        # the notebook's settings for every session it talks to (model, endpoint; keys stay in the
+        # environment, named by the endpoint): set here, kept in the store, read again after a restart
+        self._person: dict[str, Any] = {}
+        self._origin: dict[str, str] = {}  # where each of them came from, for %mfs status
+        self._notebook_read = False
         self.warmup: Any = None  # set by %load_ext: the background warm-up (mfs_nb.warm)
         self.cells: Any = None  # set by %load_ext: the cell log (mfs_nb.cells)
 
@@ -140,9 +146,72 @@ class MfsMagics(Magics, Configurable):
 
     @observe("model", "window_tokens")
     def _apply(self, change: dict[str, Any]) -> None:
+        if change["new"]:
+            self._person[change["name"]] = change["new"]
+            self._origin[change["name"]] = "this notebook (%config MfsMagics)"
+            self._spread({change["name"]: change["new"]})
+
+    # -- what follows the person: the notebook's settings and its current session ------------
+    @property
+    def _notebook_key(self) -> str:
+        """The notebook this kernel runs (Jupyter names it in the kernel's environment); '' elsewhere."""
+        return os.environ.get("JPY_SESSION_NAME", "")
+
+    def _read_notebook(self) -> None:
+        """Once per kernel, on first use of the store: the session and settings this notebook chose in
+        an earlier kernel, where this kernel has not chosen (the environment and %config win)."""
+        if self._notebook_read:
+            return
+        self._notebook_read = True
+        try:
+            record = self._get_store().load_notebook(self._notebook_key)
+        except Exception:  # an unreadable record costs the convenience, nothing else
+            return
+        env = from_environment()
+        for key, value in (record.get("settings") or {}).items():
+            if key in PERSON_KEYS and key not in self._person and key not in env and value:
+                self._person[key] = value
+                self._origin[key] = "this notebook (set in an earlier kernel)"
+        name = record.get("session")
+        if (name and "session" not in self.config.get("MfsMagics", {}) and self.session == "default"
+                and name in self._get_store().sessions()):
+            self.session = name
+
+    def _save_notebook(self) -> None:
+        try:
+            self._get_store().save_notebook(self._notebook_key, {"session": self.session, "settings": self._person})
+        except Exception:  # a read-only store: the choice holds for this kernel only
+            pass
+
+    def _adopt(self, session: Any) -> Any:
+        """Give a session the notebook's settings, except those it keeps as its own."""
+        values = {k: v for k, v in self._person.items()
+                  if k not in session.overrides and getattr(session.settings, k) != v}
+        if values:
+            session.configure(**values)
+        return session
+
+    def _spread(self, values: dict[str, Any]) -> None:
+        """Notebook settings changed: every open session that does not keep its own takes them."""
         for session in self._sessions.values():
-            if change["new"]:
-                session.configure(**{change["name"]: change["new"]})
+            mine = {k: v for k, v in values.items() if k not in session.overrides}
+            if mine:
+                session.configure(**mine)
+        if self._store is not None:
+            self._save_notebook()
+
+    def origin(self, key: str, session: Any) -> str:
+        """Where the value of a notebook setting in `session` comes from, in words."""
+        if key in session.overrides:
+            return "this session's own (%mfs config --session)"
+        if key in self._person:
+            return self._origin.get(key, "this notebook (%mfs config)")
+        env = from_environment()
+        if key in env:
+            return f"the environment ({ENV_NAMES[key]})"
+        if key in session._saved:
+            return "saved with this session"
+        return "the default"
 
     # -- sessions ------------------------------------------------------------------------
     def _get_store(self) -> Any:
@@ -155,11 +224,13 @@ class MfsMagics(Magics, Configurable):
     def get_session(self, name: str | None = None) -> Any:
         from .session import Session
 
+        if not self._notebook_read:
+            self._wait_for("store")
+            self._read_notebook()
         name = name or self.session
         if name not in self._sessions:
             self._wait_for("store")
-            explicit: dict[str, Any] = {k: v for k, v in (("model", self.model), ("window_tokens", self.window_tokens)) if v}
-            session = Session(name, store=self._get_store(), **explicit)
+            session = self._adopt(Session(name, store=self._get_store()))
             if session.settings.notebook_tools:
                 from .notebook_tools import notebook_tools
 
@@ -195,7 +266,7 @@ class MfsMagics(Magics, Configurable):
                 raise InputError("the %%chat cell is empty: write your message under the %%chat line")
             session = self.get_session(args.session)
             if args.model:
-                session.configure(model=args.model)
+                session.configure(model=args.model, own=True)  # this session's own, over the notebook's
             from .llm import is_offline
 
             if not is_offline(session.settings.model):
@@ -363,6 +434,9 @@ class MfsMagics(Magics, Configurable):
         print(f"store {st['store']} · model {st['model']} · {st['events']} events, last uid {st['last_uid']}, "
               f"{st['turns']} turns · pressure from {u.source}")
         print(st["endpoint"])
+        print("settings: " + "; ".join(
+            f"{k} {getattr(s.settings, k)!r} from {self.origin(k, s)}" for k in PERSON_KEYS
+            if getattr(s.settings, k) or k == "model"))
         comp = s.compactor
         if comp.segments or comp.evicted:
             spans = ", ".join(f"#{x.id} {x.uid_from}–{x.uid_to}" + (" degraded" if x.degraded else "") for x in comp.segments)
@@ -395,27 +469,48 @@ class MfsMagics(Magics, Configurable):
         for name in names or ["(none yet)"]:
             print(("* " if name == self.session else "  ") + name)
 
+    def _switch(self, name: str) -> None:
+        self.session = name
+        self._save_notebook()
+
     def _mfs_new(self, rest: list[str]) -> None:
+        from .session import _NAME
+
         if len(rest) != 1:
             raise InputError("%mfs new NAME: give exactly one session name")
-        if rest[0] in self._get_store().sessions():
+        if not _NAME.match(rest[0]):
+            raise InputError(f"%mfs new: session name {rest[0]!r} is invalid: use letters, digits, '.', '_' or '-'")
+        if rest[0] in self._get_store().sessions() or rest[0] in self._sessions:
             raise InputError(f"%mfs new: session {rest[0]!r} exists already; switch to it with %mfs use {rest[0]}")
-        self.session = rest[0]
-        self.get_session()
-        print(f"session {self.session} created; %%chat now talks to it")
+        s = self.get_session(rest[0])
+        self._switch(rest[0])
+        print(f"session {s.name} created (model {s.settings.model}); %%chat now talks to it")
 
     def _mfs_use(self, rest: list[str]) -> None:
+        import difflib
+
         if len(rest) != 1:
             raise InputError("%mfs use NAME: give exactly one session name")
-        self.session = rest[0]
-        s = self.get_session()
-        print(f"session {self.session}: {len(s.events)} events, last uid {s.last_uid}")
+        names = sorted(set(self._get_store().sessions()) | set(self._sessions))
+        if rest[0] not in names:
+            close = difflib.get_close_matches(rest[0], names, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise InputError(f"%mfs use: there is no session {rest[0]!r}; {hint}%mfs sessions lists them, "
+                             f"%mfs new {rest[0]} creates it")
+        s = self.get_session(rest[0])
+        self._switch(rest[0])
+        print(f"session {s.name}: {len(s.events)} events, last uid {s.last_uid}, model {s.settings.model}")
 
     def _mfs_config(self, rest: list[str]) -> None:
+        """%mfs config [--session] [key=value …]: model, api_base, window_tokens and the fallback are the
+        notebook's, for every session; --session keeps a value for this session alone."""
         s = self.get_session()
+        own = "--session" in rest
+        rest = [w for w in rest if w != "--session"]
         if not rest:
             for key, value in s.settings.public().items():
-                print(f"{key} = {value!r}")
+                where = f"  ({self.origin(key, s)})" if key in PERSON_KEYS else ""
+                print(f"{key} = {value!r}{where}")
             return
         values = {}
         for word in rest:
@@ -423,8 +518,15 @@ class MfsMagics(Magics, Configurable):
                 raise InputError(f"%mfs config: expected key=value, got {word!r}")
             key, value = word.split("=", 1)
             values[key.strip()] = value
-        new = s.configure(**values)
-        print("; ".join(f"{k} = {getattr(new, k)!r}" for k in values))
+        new = s.configure(own=own, **values)  # validated here first: a bad value changes nothing anywhere
+        shared = {k: getattr(new, k) for k in values if k in PERSON_KEYS and not own}
+        if shared:
+            self._person.update(shared)
+            for key in shared:
+                self._origin[key] = "this notebook (%mfs config)"
+            self._spread(shared)
+        print("; ".join(f"{k} = {getattr(new, k)!r}" for k in values)
+              + (" (this session only)" if own else " (every session of this notebook)" if shared else ""))
 
     def _mfs_fork(self, rest: list[str]) -> None:
         """%mfs fork NAME [focus …]: a new session starting from a summary of this one; %%chat moves to it."""
@@ -433,13 +535,13 @@ class MfsMagics(Magics, Configurable):
         parent = self.get_session()
         with _Progress(self.shell, f"summarising {parent.name} for the fork…"):
             child = parent.fork(rest[0], " ".join(rest[1:]))
-        self._sessions[child.name] = child
+        self._sessions[child.name] = self._adopt(child)
         if child.settings.notebook_tools:
             from .notebook_tools import notebook_tools
 
             for tool in notebook_tools(self.shell):
                 child.register_tool(tool)
-        self.session = child.name
+        self._switch(child.name)
         p = child.parent or {}
         print(f"forked {parent.name} into {child.name}: uids {p.get('uid_from')}–{p.get('uid_to')} summarised in "
               f"segment #{p.get('segment')}; {child.usage().status_line()}")

@@ -173,6 +173,9 @@ class Session:
         self._saved_last_uid = int((meta.get("anchor") or {}).get("last_uid") or 0)
         # a fork's parent: {"session", "uid_from", "uid_to", "segment", "at"} (None for a session of its own)
         self.parent: dict[str, Any] | None = (meta.get("anchor") or {}).get("parent")
+        # settings this session keeps whatever the notebook says (`configure(..., own=True)`); the rest
+        # follow the notebook's choice (model, endpoint), applied by the notebook boundary
+        self.overrides: set[str] = set((meta.get("anchor") or {}).get("overrides") or [])
         self.fork_notices: list[str] = []  # what making this session as a fork had to say
         self._language: tuple[int, str | None] | None = None
         ledger = self.store.load_ledger(name)
@@ -272,14 +275,17 @@ class Session:
         self._save_meta(force=True)
 
     # -- configuration ---------------------------------------------------------------------
-    def configure(self, **values: Any) -> Settings:
-        """Validate and apply settings; on any error nothing changes. Saved with the session."""
+    def configure(self, *, own: bool = False, **values: Any) -> Settings:
+        """Validate and apply settings; on any error nothing changes. Saved with the session. `own`: this
+        session keeps these values whatever the notebook later sets for every session (`overrides`)."""
         with self._lock:
             new = self.settings.with_values(**values)
             window = _window_for(new)
             self._check_overhead(_profile(window, new), new)
             self.settings, self._window = new, window
             self._saved.update({k: getattr(new, k) for k in values})
+            if own:
+                self.overrides.update(values)
             if self._injected_llm is None:
                 self._llm = self._summarizer = None  # rebuilt with the new endpoints on the next call
             self._save_meta(force=True)  # another kernel may have written the row since
@@ -1146,6 +1152,8 @@ class Session:
         for changes another kernel's row must not hide). The call history is not in it."""
         anchor = {**self._meter.to_json(), "breaker": self._breaker, "parent": getattr(self, "parent", None),
                   "last_uid": max(self.last_uid, getattr(self, "_saved_last_uid", 0))}
+        if getattr(self, "overrides", None):
+            anchor["overrides"] = sorted(self.overrides)
         state = json.dumps([self._saved, anchor], sort_keys=True, default=str)
         if state == getattr(self, "_saved_state", None) and not force:
             return

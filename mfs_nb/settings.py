@@ -164,17 +164,24 @@ def _int(raw: Any) -> int:
     return int(value)
 
 
+# The settings that follow the person rather than the conversation: in a notebook they are the
+# notebook's, for every session it talks to, unless a session keeps its own (`%mfs config --session`).
+PERSON_KEYS = ("model", "api_base", "window_tokens", "fallback_model", "fallback_base_url")
+
+ENV_NAMES = {
+    "model": "MFS_MODEL",
+    "api_base": "MFS_API_BASE",
+    "window_tokens": "MFS_WINDOW",
+    "fallback_model": "MFS_FALLBACK_MODEL",
+    "fallback_base_url": "MFS_FALLBACK_BASE_URL",
+    "recall_index": "MFS_RECALL_INDEX",
+    "embedding_model": "MFS_EMBEDDING_MODEL",
+    "quiet_maintenance_s": "MFS_QUIET_MAINTENANCE_S",
+}
+
+
 def from_environment() -> dict[str, Any]:
     """Settings given by environment variables (MFS_MODEL, MFS_WINDOW, MFS_FALLBACK_*, MFS_EMBEDDING_MODEL,
     MFS_RECALL_INDEX, MFS_QUIET_MAINTENANCE_S)."""
-    env = {
-        "model": os.environ.get("MFS_MODEL"),
-        "api_base": os.environ.get("MFS_API_BASE"),
-        "window_tokens": os.environ.get("MFS_WINDOW"),
-        "fallback_model": os.environ.get("MFS_FALLBACK_MODEL"),
-        "fallback_base_url": os.environ.get("MFS_FALLBACK_BASE_URL"),
-        "recall_index": os.environ.get("MFS_RECALL_INDEX"),
-        "embedding_model": os.environ.get("MFS_EMBEDDING_MODEL"),
-        "quiet_maintenance_s": os.environ.get("MFS_QUIET_MAINTENANCE_S"),
-    }
+    env = {key: os.environ.get(name) for key, name in ENV_NAMES.items()}
     return {k: v for k, v in env.items() if v}

@@ -111,6 +111,8 @@ EVENTS_SCHEMA = pa.schema(
         ("writer", pa.string()),
     ]
 )
+NOTEBOOKS_SCHEMA = pa.schema([("notebook", pa.string()), ("data", pa.string()), ("updated_at", pa.string())])
+
 SESSIONS_SCHEMA = pa.schema(
     [
         ("session", pa.string()),
@@ -591,6 +593,26 @@ class Store:
                 .execute(pa.Table.from_pylist([row], schema=SESSIONS_SCHEMA))
             )
             self._fold(self._sessions, "sessions")
+
+    # -- notebooks: what follows the person across sessions and kernel restarts ------------
+    def load_notebook(self, key: str) -> dict[str, Any]:
+        """A notebook's record: the session `%%chat` talks to and the settings every session of that
+        notebook uses (model, endpoint), as `save_notebook` wrote them; {} when there is none."""
+        try:
+            table = self._db.open_table("notebooks")
+        except (FileNotFoundError, ValueError):
+            return {}
+        rows = table.search().where(f"notebook = {_quote(key)}").limit(None).to_list()
+        return json.loads(rows[0]["data"] or "{}") if rows else {}
+
+    def save_notebook(self, key: str, data: dict[str, Any]) -> None:
+        """Replace a notebook's record (secrets must already be removed: it holds names, not keys)."""
+        row = {"notebook": key, "data": json.dumps(data, sort_keys=True), "updated_at": now_iso()}
+        with self._lock, self._writing("notebooks"):
+            table = self._table("notebooks", NOTEBOOKS_SCHEMA)
+            table.merge_insert("notebook").when_matched_update_all().when_not_matched_insert_all().execute(
+                pa.Table.from_pylist([row], schema=NOTEBOOKS_SCHEMA))
+            self._fold(table, "notebooks")
 
     # -- compactions: the protocol of seed 004, append only ------------------------------
     def append_compaction(self, session: str, seq: int, phase: str, data: dict[str, Any]) -> None:

@@ -156,3 +156,54 @@ def test_chat_channels_and_gc(ip, capsys, tmp_path):
     assert "mfs: --doc" in capsys.readouterr().err and len(session.events) == 4  # nothing recorded
     ip.run_line_magic("mfs", "gc --dry-run")
     assert "no unreferenced snapshots" in capsys.readouterr().out
+
+
+def _restart(ip):
+    """A new kernel on the same store: a fresh shell with the extension loaded again."""
+    from traitlets.config import Config
+
+    InteractiveShell.clear_instance()
+    cfg = Config()
+    cfg.HistoryManager.enabled = False
+    shell = InteractiveShell(config=cfg)
+    shell.run_line_magic("load_ext", "mfs_nb")
+    return shell
+
+
+def test_settings_follow_the_person_across_new_use_fork_and_restart(ip, capsys):
+    """The model and endpoint are the notebook's: a new session, a fork and a restart keep them; a
+    session keeps its own only when told (--session); %mfs use does not create a session by typo."""
+    def current(shell):
+        return shell.magics_manager.registry["MfsMagics"].get_session()
+
+    model, base = "openai/gpt-4o-mini", "http://127.0.0.1:9/v1"
+    ip.run_cell("%%chat\nhello")
+    ip.run_line_magic("mfs", f"config model={model} api_base={base}")
+    ip.run_line_magic("mfs", "new side")
+    assert (current(ip).name, current(ip).settings.model, current(ip).settings.api_base) == ("side", model, base)
+    capsys.readouterr()
+    assert ip.run_cell("%mfs use sid").success
+    err = capsys.readouterr().err
+    assert err.startswith("mfs: ") and "no session 'sid'" in err and "did you mean side?" in err
+    assert "sid" not in ip.magics_manager.registry["MfsMagics"]._get_store().sessions()
+    assert current(ip).name == "side"
+    ip.run_line_magic("mfs", "use default")
+    assert current(ip).settings.model == model  # opened before the config: it follows too
+    ip.run_line_magic("mfs", "config --session model=openai/own-model")
+    ip.run_line_magic("mfs", "status")
+    out = capsys.readouterr().out
+    assert "model 'openai/own-model' from this session's own" in out
+    assert f"api_base '{base}' from this notebook" in out
+    ip.run_line_magic("mfs", "use side")
+    ip.run_cell("%%chat\nin side")  # the endpoint does not answer: kept in the log, one line
+    ip.run_line_magic("mfs", "fork other")
+    assert (current(ip).name, current(ip).settings.model, current(ip).settings.api_base) == ("other", model, base)
+
+    ip = _restart(ip)
+    assert (current(ip).name, current(ip).settings.model, current(ip).settings.api_base) == ("other", model, base)
+    ip.run_line_magic("mfs", "new third")
+    assert current(ip).settings.model == model
+    ip.run_line_magic("mfs", "use default")
+    assert current(ip).settings.model == "openai/own-model"  # kept as its own across the restart
+    ip.run_line_magic("mfs", "new 'bad name'")
+    assert "invalid" in capsys.readouterr().err and current(ip).name == "default"
