@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -44,6 +45,7 @@ TEXT_EVENTS = 1_000  # events per full-text write when a backlog is indexed
 IDLE_GRACE_S = 0.1  # after a turn, wait this long before indexing again
 OPTIMIZE_EVERY = 2_000  # rows written (text and vector rows) between index optimisations
 CANDIDATES = 50  # rows each method contributes to the fusion
+SCAN_EVENTS = 20_000  # newest events not yet indexed that a search reads directly
 MAX_SPANS = 8  # spans of time one query may name
 LATENT = "#latent"  # the latent terms' watermark is the model's, with this suffix
 LATENT_EVENTS = 8  # events per step when latent terms are filled in for an older store
@@ -425,8 +427,8 @@ class Indexer:
         progress = self.progress()
         if progress["text_upto"] < self._last_uid():
             self.kick(force=True)
-            notices.append(f"the index covers uids up to {progress['text_upto']} of {self._last_uid()}; "
-                           "indexing continues in the background")
+            notices.append(f"indexed up to uid {progress['text_upto']} of {self._last_uid()}: the newer "
+                           "events are searched by their words directly while indexing continues")
         roles = [role] if isinstance(role, str) else list(role or [])
         info: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, uid) -> its best row
         ranked: dict[str, list[tuple[str, int]]] = {}
@@ -434,6 +436,8 @@ class Indexer:
             rows = self._fts(query, where)
             complete = len(rows) < CANDIDATES  # every match came back: what did not scores nothing
             ranked["fts"] = self._ranking(rows, info, roles, uid_from, uid_to, 0.0 if complete else None)
+            if progress["text_upto"] < self._last_uid():  # what the index has not reached, read directly
+                ranked["fts@unindexed"] = self._scan(query, progress["text_upto"], roles, uid_from, uid_to)
         if "vector" in methods:
             embedder = self.model()
             if embedder is None:
@@ -595,6 +599,27 @@ class Indexer:
         merged += [((kd, u), sc - floor) for (kd, u), sc in best.items() if kd == "segment"]
         merged.sort(key=lambda x: (-x[1], x[0][1]))
         return [item for item, _ in merged[:CANDIDATES]]
+
+    def _scan(self, query: str, upto: int, roles: list[str], uid_from: int | None, uid_to: int | None,
+              limit: int = SCAN_EVENTS) -> list[tuple[str, int]]:
+        """Full text over the events the index has not reached yet (after `upto`), read from the log in
+        memory: whole words (and CJK character pairs) of the query found in each event, the most
+        found first, newer first among equals. Cheap, so a search right after a burst of chats, or in
+        a fork whose index is still being written, finds what the log holds (the newest `limit`)."""
+        latin = [w.lower() for w in S.fts_query(S.latin_text(query)).split()]
+        cjk = S.cjk_text(query).replace(" ", "")
+        terms = [re.compile(rf"(?<!\w){re.escape(w)}(?!\w)") for w in dict.fromkeys(latin)]
+        pairs = list(dict.fromkeys(cjk[i:i + 2] for i in range(max(len(cjk) - 1, 1)) if cjk))
+        scored: list[tuple[int, int]] = []
+        for e in [e for e in self.s.events() if e.uid > upto][-limit:]:
+            if not self._admits(e.uid, roles, uid_from, uid_to):
+                continue
+            text = event_text(e).lower()
+            found = sum(1 for t in terms if t.search(text)) + sum(1 for p in pairs if p in text)
+            if found:
+                scored.append((found, e.uid))
+        scored.sort(key=lambda x: (-x[0], -x[1]))
+        return [("event", uid) for _, uid in scored[:CANDIDATES]]
 
     def _admits(self, uid: int, roles: list[str], uid_from: int | None, uid_to: int | None) -> bool:
         """A neighbour brought in by smoothing obeys the same filters as the search."""

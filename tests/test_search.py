@@ -158,9 +158,42 @@ def test_session_without_index_yet_answers_from_what_is_indexed_and_says_so(stor
     s = Session("cold", store=store_dir, recall_index=False, embedding_model="off", llm=FakeLLM())
     s.record("user", "the deploy key rotates every ninety days", new_turn=True)
     found = s.search("deploy key", 3)
-    assert any("index covers uids up to 0 of 1" in n for n in found.notices)
+    assert any("indexed up to uid 0 of 1" in n for n in found.notices)
+    assert [h.uid for h in found] == [1]  # the log not indexed yet is read directly
     s.indexer.wait(60)  # the search woke the indexer
     assert s.search("deploy key", 3)[0].uid == 1
+
+
+def test_search_during_a_backlog_finds_what_the_index_has_not_reached(store_dir):
+    """Right after a burst of chats (the index thread busy elsewhere) a search answers from the log
+    itself for the part the index lacks, by whole words, and says how far the index has come."""
+    s = _fts_session(store_dir)
+    s.record("user", "the pool size is 30 connections", new_turn=True)
+    s.indexer.wait(60)
+    with s.indexer._run_lock:  # the background indexer cannot write while this is held
+        for i in range(40):
+            s.record("user", f"note {i}: nothing of interest here", new_turn=True)
+        s.record("user", "the staging host is db-staging-7 behind the bastion", new_turn=True)
+        s.record("user", "we talked about the poolside party", new_turn=True)  # 'pool' only inside a word
+        found = s.search("bastion host", 5)
+        assert found and found[0].uid == 42
+        assert any("indexed up to uid 1 of 43" in n for n in found.notices)
+        assert 43 not in [h.uid for h in s.search("pool", 10)]  # whole words, not substrings
+        assert [h.uid for h in s.search("pool", 10)][0] == 1
+    s.indexer.wait(60)
+    assert s.search("bastion host", 5)[0].uid == 42
+
+
+def test_a_fork_finds_its_history_before_its_index_is_written(store_dir):
+    parent = _fts_session(store_dir, "parent")
+    parent.record("user", "our budget for the pool is 120 connections", new_turn=True)
+    parent.record("assistant", "noted", new_turn=False)
+    parent.indexer.wait(60)
+    child = parent.fork("child")
+    with child.indexer._run_lock:
+        found = child.search("budget", 5)
+        assert [h.uid for h in found][:1] == [1], found.notices
+    child.indexer.wait(60)
 
 
 def test_bad_queries_leave_the_session_usable(store_dir):
