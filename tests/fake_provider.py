@@ -55,6 +55,9 @@ class FakeProvider:
         h.wfile.write(data)
 
     def handle(self, h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        if h.path.rstrip("/").endswith("/messages"):  # Anthropic's Messages API
+            self.anthropic(h, body)
+            return
         mode = self.mode
         last = ((body.get("messages") or [{}])[-1].get("content") or "")
         summarizing = isinstance(last, str) and last.startswith("<<mfs:summarize>>")
@@ -118,4 +121,33 @@ class FakeProvider:
                 "choices": [], "usage": usage}
         h.wfile.write(f"data: {json.dumps(tail)}\n\n".encode())
         h.wfile.write(b"data: [DONE]\n\n")
+        h.wfile.flush()
+
+    def anthropic(self, h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
+        """An Anthropic Messages reply (JSON, or its server-sent events when `stream`), mode ok only."""
+        usage = {"input_tokens": 42, "output_tokens": 4, "cache_read_input_tokens": 0,
+                 "cache_creation_input_tokens": 0}
+        message = {"id": "msg_x", "type": "message", "role": "assistant", "model": body.get("model"),
+                   "content": [{"type": "text", "text": self.reply}], "stop_reason": "end_turn",
+                   "stop_sequence": None, "usage": usage}
+        if not body.get("stream"):
+            self._json(h, 200, message)
+            return
+        h.send_response(200)
+        h.send_header("Content-Type", "text/event-stream")
+        h.end_headers()
+        events = [
+            ("message_start", {"type": "message_start", "message": {**message, "content": [],
+                                                                     "stop_reason": None}}),
+            ("content_block_start", {"type": "content_block_start", "index": 0,
+                                     "content_block": {"type": "text", "text": ""}}),
+            ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                     "delta": {"type": "text_delta", "text": self.reply}}),
+            ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+            ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                               "usage": {"output_tokens": 4}}),
+            ("message_stop", {"type": "message_stop"}),
+        ]
+        for name, data in events:
+            h.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
         h.wfile.flush()
