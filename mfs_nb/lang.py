@@ -50,7 +50,7 @@ _TEXT: dict[str, tuple[str, str]] = {
         "（%compact --preview 可预览，%compact 立即执行）"),
     "not_worth": ("nothing worth compacting: {n} messages, {tokens} tokens (the payload would go from {now} to "
                   "{then} tokens)", "不值得压缩：{n} 条消息，{tokens} tokens（请求会从 {now} 变为 {then} tokens）"),
-    "tier": ("context at {share} of the usable window (tier {tier})", "上下文已占可用窗口的 {share}（{tier} 级）"),
+    "tier": ("context at {share} of the usable window when sent ({tier})", "上下文已占可用窗口的 {share}（发送时；{tier}）"),
     "pinned": ("knowledge slot: pinned {keys} ({n} entries, {tokens} of {budget} tokens)",
                "知识槽：已固定 {keys}（{n} 项，{tokens} / {budget} tokens）"),
     "remembered": ("knowledge slot: remembered {keys} ({n} entries, {tokens} of {budget} tokens)",

@@ -66,7 +66,7 @@ from .tools import (
     parse_range,
 )
 from .track import VerbatimTrack
-from .usage import TIERS, ContextProfile, Usage, human
+from .usage import TIERS, ContextProfile, Usage, human, tier_label
 from .view import RawCache, SendView, drop_oldest_rounds, project
 from .workset import FactTrack, fact_track
 
@@ -708,7 +708,7 @@ class Session:
         """Anchor on a provider's usage for the payload `view`; returns notices (calibration)."""
         if not usage:
             return []
-        note = self._meter.observe(view, self.token_counts(view), usage)
+        note = self._meter.observe(view, self.token_counts(view), usage, self._tool_schema_tokens())
         self._last_provider_usage = usage  # saved with the session at the end of the turn
         if note:
             self._log("calibration", k=round(self._meter.k, 4), note=note)
@@ -861,7 +861,8 @@ class Session:
         previous, self._last_tier = self._last_tier, usage.tier
         if usage.tier == previous or usage.tier == "ok" or TIERS.index(usage.tier) < TIERS.index(previous):
             return []
-        text = lang.text("tier", self.language(), share=f"{usage.tokens / usage.effective:.0%}", tier=usage.tier)
+        language = self.language()
+        text = lang.text("tier", language, share=usage.percent, tier=tier_label(usage.tier, language))
         if usage.tier == "hard" and not self.settings.auto_compaction:
             text += "; automatic compaction is off: run %compact, or start a fresh session with %mfs new NAME"
         self._log("tier", tier=usage.tier, tokens=usage.tokens, effective=usage.effective)
@@ -953,6 +954,9 @@ class Session:
         ahead = self.compaction_ahead(after)
         if ahead:
             notices.append(ahead)
+        # the status line shows the context now and, when it differs, the share the last request was
+        # sent at: the number the tier notice and the note to the model gave
+        after = replace(after, sent_tokens=plan.usage.tokens)
         return Reply(completion.text, after, completion.usage, notices, uids, completion.endpoint)
 
     def _kept_since(self, before: Event | None) -> str:
@@ -968,7 +972,7 @@ class Session:
 
     def budget_note(self, usage: Usage) -> str:
         """The model's own view of its budget (`show_budget`): one line at the tail of the request."""
-        return lang.text("budget_note", self.language(), share=f"{usage.tokens / max(usage.effective, 1):.0%}",
+        return lang.text("budget_note", self.language(), share=usage.percent,
                          line=f"{self.profile().compress:.0%}")
 
     def language(self) -> str | None:
@@ -1011,7 +1015,7 @@ class Session:
         events = pending.events if pending is not None else self.compactor.choose(usage.effective)[0]
         if not events:
             return None
-        return lang.text("ahead", self.language(), share=f"{usage.tokens / usage.effective:.0%}",
+        return lang.text("ahead", self.language(), share=usage.percent,
                          line=f"{self.profile().compress:.0%}", a=events[0].uid, b=events[-1].uid)
 
     def _call_with_ptl_retry(self, plan: CallPlan, tools: list[dict[str, Any]] | None, stream: bool,

@@ -8,6 +8,19 @@ from typing import Any
 from .errors import ConfigError
 
 TIERS = ("ok", "warn", "compress", "hard")
+# what a person reads for each tier (the internal names stay in code, settings and ledger rows); the
+# hard tier is named by what it does, not "over the window": its line is a share of the usable window
+# that may be set as low as the warn line, so the percentage beside it is often well below 100 %
+TIER_LABELS = {"ok": "ok", "warn": "clearing soon", "compress": "compacting", "hard": "compacting now"}
+TIER_LABELS_ZH = {"ok": "正常", "warn": "即将清理", "compress": "正在压缩", "hard": "立即压缩"}
+SOURCE_LABELS = {"anchor+estimate": "the provider's count of the last request plus estimates since",
+                 "estimate": "estimated (no provider count yet)"}
+
+
+def tier_label(tier: str, language: str | None = None) -> str:
+    """The tier in words: 'ok', 'clearing soon', 'compacting', 'compacting now' (Chinese too)."""
+    labels = TIER_LABELS_ZH if language == "Chinese" else TIER_LABELS
+    return labels.get(tier, tier)
 
 
 @dataclass(frozen=True)
@@ -50,7 +63,10 @@ class ContextProfile:
 
 @dataclass(frozen=True)
 class Usage:
-    """Context pressure as the user sees it and as the pipeline acts on it."""
+    """Context pressure as the user sees it and as the pipeline acts on it.
+
+    Every percentage shown anywhere (the status line, the notices, `%context`, the note to the model)
+    is `ratio`: tokens of the usable window (`effective`), never of the raw window."""
 
     tokens: int
     window: int
@@ -60,25 +76,45 @@ class Usage:
     session: str
     cache_ratio: float | None = None  # provider-reported cached share of the last call
     prefix_ratio: float | None = None  # share of the last payload identical to the one before
+    sent_tokens: int | None = None  # after a reply: the tokens of the last request sent in that turn
 
     @property
     def ratio(self) -> float:
-        return self.tokens / self.window if self.window else 0.0
+        """Tokens as a share of the usable window: the one base of every percentage shown."""
+        return self.tokens / self.effective if self.effective else 0.0
+
+    @property
+    def percent(self) -> str:
+        return percent(self.tokens, self.effective)
+
+    @property
+    def label(self) -> str:
+        return tier_label(self.tier)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ratio": self.ratio}
 
     def status_line(self) -> str:
-        """`ctx 23% · 29.4k / 128k · cache 99.1% · session nb-main`"""
-        parts = [f"ctx {self.ratio:.0%}", f"{human(self.tokens)} / {human(self.window)}"]
+        """`ctx 28% · 29.4k of 107k usable · cache 99.1% · session nb-main`; after a reply whose request
+        was at a different share, `ctx 97% (sent at 94%) · …` (the notices and the note to the model
+        give the share of the request); past the warn line the tier in words (`compacting`)."""
+        ctx = f"ctx {self.percent}"
+        if self.sent_tokens is not None and percent(self.sent_tokens, self.effective) != self.percent:
+            ctx += f" (sent at {percent(self.sent_tokens, self.effective)})"
+        parts = [ctx, f"{human(self.tokens)} of {human(self.effective)} usable"]
         if self.cache_ratio is not None:
             parts.append(f"cache {self.cache_ratio:.1%}")
         elif self.prefix_ratio is not None:
             parts.append(f"prefix {self.prefix_ratio:.1%}")
         if self.tier != "ok":
-            parts.append(f"tier {self.tier}")
+            parts.append(self.label)
         parts.append(f"session {self.session}")
         return " · ".join(parts)
+
+
+def percent(tokens: int, effective: int) -> str:
+    """Tokens as a whole percentage of the usable window: the one rounding every view uses."""
+    return f"{tokens / effective:.0%}" if effective else "0%"
 
 
 def human(n: int) -> str:

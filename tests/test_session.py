@@ -216,7 +216,8 @@ def test_meter_and_trigger_read_one_value(store_dir):
     meter2 = status_data(plan2.usage)
     assert plan2.usage.tokens == plan.usage.tokens and meter2["ratio"] == meter["ratio"]
     assert plan2.usage.tier == meter2["tier"] != "ok"
-    assert f"tier {plan2.usage.tier}" in meter2["line"] and plan2.notices and plan2.usage.tier in plan2.notices[0]
+    assert plan2.usage.label in meter2["line"] and plan2.notices and f"({plan2.usage.label})" in plan2.notices[0]
+    assert plan2.usage.tier not in meter2["line"] + plan2.notices[0]  # the internal name is not shown
     assert s.ledger()[-1]["kind"] == "tier"
     with pytest.raises(ConfigError, match="only move earlier"):
         s.configure(warn_at=0.9)

@@ -34,7 +34,9 @@ function render({ model, el }) {
     const gaps = d.gaps && d.gaps.length
       ? h("div", { class: "mfs-gap", text: `coverage gap: ${d.gaps.length} uid(s) neither raw nor in a segment: ${d.gaps.slice(0, 20).join(", ")}` })
       : h("div", { class: "mfs-muted", text: `coverage: every uid is raw, in a segment, or in a recorded evicted range` });
-    return [h("div", { text: `${human(d.usage.tokens)} / ${human(d.usage.window)} tokens · tier ${d.usage.tier} · ${d.usage.source}` }), bar, gaps, ...list];
+    const head = `${human(d.usage.tokens)} of ${human(d.usage.effective)} usable (${d.usage.percent || ""} of the usable window) · ` +
+      `${d.usage.tier_label || d.usage.tier} · ${d.usage.source_label || d.usage.source}`;
+    return [h("div", { text: head }), bar, gaps, ...list];
   }
 
   function toolsTab(d) {

@@ -18,7 +18,7 @@ function render({ model, el }) {
     const line = document.createElement("span");
     line.className = "mfs-line";
     line.textContent = d.line || "";
-    line.title = `tier ${d.tier} · ${d.source} · usable window ${d.effective}`;
+    line.title = `${d.tier_label || d.tier} · ${d.source_label || d.source} · usable window ${d.effective} tokens`;
     root.append(meter, line);
     for (const text of d.notices || []) {
       const n = document.createElement("div");

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..consolidation import labels
 from ..events import Event
-from ..usage import Usage, human
+from ..usage import SOURCE_LABELS, Usage, human
 
 TIER_COLOURS = {"ok": "#2e7d32", "warn": "#f9a825", "compress": "#ef6c00", "hard": "#c62828"}
 FOLD_CHARS = 2_000
@@ -30,10 +30,13 @@ def status_data(usage: Usage, notices: Sequence[str] = ()) -> dict[str, Any]:
         "tokens": usage.tokens,
         "window": usage.window,
         "effective": usage.effective,
-        "ratio": round(usage.ratio, 4),
+        "ratio": round(usage.ratio, 4),  # of the usable window, like every percentage shown
+        "percent": usage.percent,
         "tier": usage.tier,
+        "tier_label": usage.label,
         "colour": TIER_COLOURS.get(usage.tier, "#555"),
         "source": usage.source,
+        "source_label": SOURCE_LABELS.get(usage.source, usage.source),
         "cache_ratio": usage.cache_ratio,
         "prefix_ratio": usage.prefix_ratio,
         "session": usage.session,

@@ -41,7 +41,7 @@ def scale_bar(parts: Sequence[tuple[str, int, str]], total: int, marks: Sequence
 
 
 def context_html(d: dict[str, Any]) -> str:
-    """%context: header with the one number, the bar to the window's scale with the compaction line,
+    """%context: header with the one number, the bar to the usable window's scale with the compaction line,
     then one collapsible section per layer, the coverage check and the tool trajectory."""
     usage = d["usage"]
     lines = d.get("lines") or {}
@@ -52,8 +52,10 @@ def context_html(d: dict[str, Any]) -> str:
         f"<span style='white-space:nowrap'><span style='display:inline-block;width:10px;height:10px;"
         f"background:{KIND_COLOURS.get(k, '#999')};margin-right:3px'></span>{_e(k)}</span>"
         for k in dict.fromkeys(x["kind"] for x in layers))
-    head = (f"<div><b>{usage['tokens']:,} tokens</b> of a {usage['window']:,}-token window "
-            f"({usage['ratio']:.1%}) · tier {_e(usage['tier'])} · {_e(usage['source'])}"
+    head = (f"<div><b>{usage['tokens']:,} tokens</b> of {usage['effective']:,} usable "
+            f"({_e(usage.get('percent') or format(usage['ratio'], '.0%'))} of the usable window; the model's window is "
+            f"{usage['window']:,}) · {_e(usage.get('tier_label') or usage['tier'])} · "
+            f"{_e(usage.get('source_label') or usage['source'])}"
             + (f" · red line: compaction at {human(lines['compress'])}" if "compress" in lines else "") + "</div>")
     rows = "".join(
         f"<details class='mfs-layer' style='border-top:1px solid #eee'><summary style='cursor:pointer;font-family:monospace'>"
@@ -71,7 +73,7 @@ def context_html(d: dict[str, Any]) -> str:
         tools = (f"<details class='mfs-tools' style='margin-top:6px'{' open' if len(d['tools']) <= 10 else ''}>"
                  f"<summary style='cursor:pointer'>tool trajectory: {len(d['tools'])} call(s)</summary>"
                  f"<ul style='max-height:240px;overflow-y:auto;margin:4px 0'>{items}</ul></details>")
-    return (f"<div class='mfs-context' style='{PANEL}'>{head}{scale_bar(parts, usage['window'], marks)}"
+    return (f"<div class='mfs-context' style='{PANEL}'>{head}{scale_bar(parts, usage.get('effective') or usage['window'], marks)}"
             f"<div style='color:#555'>{legend}</div>{gaps}{rows}{tools}</div>")
 
 
