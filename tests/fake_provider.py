@@ -21,6 +21,7 @@ class FakeProvider:
         self.summary = summary
         self.name = name
         self.hits: list[dict[str, Any]] = []
+        self.count_prompt = False  # True: report about a token per 4 characters of the request, not 42
         provider = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -92,8 +93,9 @@ class FakeProvider:
             return
         if mode == "slow":
             time.sleep(3)
-        usage = {"prompt_tokens": 42, "completion_tokens": 4, "total_tokens": 46,
-                 "prompt_tokens_details": {"cached_tokens": 40}}
+        prompt = len(json.dumps(body.get("messages") or [])) // 4 if self.count_prompt else 42
+        usage = {"prompt_tokens": prompt, "completion_tokens": 4, "total_tokens": prompt + 4,
+                 "prompt_tokens_details": {"cached_tokens": min(40, prompt)}}
         if not body.get("stream"):
             self._json(h, 200, {"id": "x", "object": "chat.completion", "created": 1, "model": body.get("model"),
                                 "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
