@@ -37,7 +37,7 @@ from .lease import Lease, live_claims, owner_name
 from .segments import Segment
 from .summary_check import validate_summary
 from .tokens import estimate_tokens
-from .usage import TIERS, human
+from .usage import TIERS, human, human_pair, tier_label
 
 if TYPE_CHECKING:
     from .host import Host
@@ -490,11 +490,10 @@ class Compactor:
         self._honour(declaration, seq)
         s.store.append_compaction(s.name, seq, "finished", {})
         s.log("consolidation", **row, **gates.to_json(), degraded=bool(info.get("degraded")))  # `miss`: the cache miss it caused
-        label = con.labels([x.level for x in self.segments])[self.segments.index(merged)]
-        what = "sank" if sink else "consolidated"
-        return (f"{what} segments #{ids[0]}–#{ids[-1]} (uids {merged.uid_from}–{merged.uid_to}) into {label} "
-                f"(−{human(gates.freed)} tokens"
-                + (", zero-LLM" if sink or info.get("degraded") else "") + ")")
+        what = "folded" if sink else "merged"
+        return (f"{what} {len(ids)} summaries ({', '.join(f'#{i}' for i in ids)}; uids {merged.uid_from}–"
+                f"{merged.uid_to}) into one (−{human(gates.freed)} tokens"
+                + (", without a model call" if sink or info.get("degraded") else "") + ")")
 
     def _check_members(self, ids: list[int], members: list[Segment]) -> str | None:
         """The atomic check of a consolidation: we still hold the lease, and the members are still
@@ -611,8 +610,8 @@ class Compactor:
                 self.segments.append(last)
             if after.tier != "ok":
                 return [f"nothing undone: with uids {last.uid_from}–{last.uid_to} raw again the payload would be "
-                        f"{human(after.tokens)} tokens, past the warn line ({after.tier}), and the next call would "
-                        f"compact them again; recall_history({last.uid_from}, {last.uid_to}) shows them"]
+                        f"{human(after.tokens)} tokens, past the warn line ({tier_label(after.tier)}), and the next "
+                        f"call would compact them again; %recall {last.uid_from}-{last.uid_to} shows them"]
             seq = self.next_seq()
             self._start(seq, {"trigger": "undo", "segment": last.id})
             declaration = {"type": "retract", "segment_id": last.id, "uid_from": last.uid_from, "uid_to": last.uid_to}
@@ -689,8 +688,8 @@ class Compactor:
                    llm_tokens=llm_tokens, uid_from=uid_from, uid_to=uid_to, segments=[x.id for x in made],
                    degraded=any(x.degraded for x in made), duration_s=round(time.monotonic() - started, 3),
                    evicted=[x.id for x in evicted])
-            notices.insert(0, lang.text("compacted", self.language(uid_to), before=human(before.tokens),
-                                        after=human(after.tokens), ids=ids, a=uid_from, b=uid_to))
+            notices.insert(0, lang.text("compacted", self.language(uid_to), **dict(zip(
+                ("before", "after"), human_pair(before.tokens, after.tokens))), ids=ids, a=uid_from, b=uid_to))
             notices += merged
             if evicted:
                 notices.append(f"the oldest {len(evicted)} segment map{'s' if len(evicted) > 1 else ''} left the "

@@ -57,7 +57,7 @@ def run(out: TextIO, store: str | None = None) -> int:
     try:
         out.write(f"mfs_nb demo · store {folder} · offline default (no model configured)\n\n")
         session = first = opened[0] = Session("demo", store=folder)
-        out.write("status line under each reply: ctx = share of the window used · tokens / window · prefix = share "
+        out.write("status line under each reply: ctx = share of the usable window used · tokens of it · prefix = share "
                   "of this payload identical to the previous call's (what a provider's prompt cache can reuse)\n\n")
         log = Path(folder) / LOG_NAME
         log.write_text(incident_review(), encoding="utf-8")
@@ -79,7 +79,7 @@ def run(out: TextIO, store: str | None = None) -> int:
                   f"{usage.source})\n")
         out.write(layers_text(view.layers) + "\n")
         if any(x.kind == "segment" for x in view.layers):
-            out.write("  (L0: a segment summarizing original messages; L1, L2, …: consolidated segments, merged from older ones, numbered from the oldest)\n")
+            out.write("  (segment: a summary of original messages; merged N×: a summary merged from older summaries)\n")
         out.write("\n")
         out.write(view.messages[1]["content"] + "\n\n")
         out.write("%recall 5-5  (verbatim from the log)\n")

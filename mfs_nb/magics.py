@@ -376,6 +376,8 @@ class MfsMagics(Magics, Configurable):
                 k = words[2]
             elif len(words) != 1:
                 raise InputError('%recall: quote the whole text, e.g. %recall "pool size" (optionally --k 5)')
+            if not " ".join(words[0].split()):
+                raise InputError('%recall: the search query is empty: say what to look for, e.g. %recall "pool size"')
             session = self.get_session()
             data = {**search_data(session.search(words[0], k)), "query": words[0]}
         except MfsError as exc:
@@ -427,12 +429,14 @@ class MfsMagics(Magics, Configurable):
         print(self.mfs.__doc__)
 
     def _mfs_status(self, rest: list[str]) -> None:
+        from .usage import SOURCE_LABELS
+
         s = self.get_session()
         st = s.status()
         u = s.usage()
         print(u.status_line())
         print(f"store {st['store']} · model {st['model']} · {st['events']} events, last uid {st['last_uid']}, "
-              f"{st['turns']} turns · pressure from {u.source}")
+              f"{st['turns']} turns · measured as {SOURCE_LABELS.get(u.source, u.source)}")
         print(st["endpoint"])
         print("settings: " + "; ".join(
             f"{k} {getattr(s.settings, k)!r} from {self.origin(k, s)}" for k in PERSON_KEYS
@@ -449,10 +453,11 @@ class MfsMagics(Magics, Configurable):
         if comp.breaker_open:
             print(comp.breaker_line())
         p = s.indexer.progress(load=False)
-        vectors = (f"vectors ({p['model']}) to uid {p['vectors_upto']}" if p["model"] else
-                   f"vectors: {'failed, ' + p['failed'] if p['failed'] else 'embedder not loaded yet'}")
-        print(f"recall index: full text to uid {p['text_upto']}, {vectors}, of {p['last_uid']}"
-              + ("" if s.settings.recall_index else " (indexing on write is off)"))
+        meaning = (f"by meaning to uid {p['vectors_upto']} ({p['model']})" if p["model"] else
+                   f"by meaning: unavailable ({p['failed']})" if p["failed"] else
+                   "by meaning: starts when the first search loads the embedding model")
+        print(f"search index: {p['last_uid']} messages; by words to uid {p['text_upto']}, {meaning}"
+              + ("" if s.settings.recall_index else " (indexing as messages arrive is off)"))
 
     def _mfs_doctor(self, rest: list[str]) -> None:
         """%mfs doctor [--repair]: check the store (tables, content hashes, missing uids)."""

@@ -78,8 +78,8 @@ class Hit:
 
     def line(self) -> str:
         """One line for the model or a terminal: where, who, score, snippet."""
-        where = f"#{self.uid}" if self.kind == "event" else f"segment #{self.uid}–{self.uid_to}"
-        return f"[{where} {self.role} · turn {self.turn} · {self.score:.3f}] {self.snippet}"
+        where = f"#{self.uid} {self.role}" if self.kind == "event" else f"summary of uids {self.uid}–{self.uid_to}"
+        return f"[{where} · turn {self.turn} · {self.score:.3f}] {self.snippet}"
 
 
 @dataclass

@@ -117,6 +117,13 @@ def percent(tokens: int, effective: int) -> str:
     return f"{tokens / effective:.0%}" if effective else "0%"
 
 
+def human_pair(before: int, after: int) -> tuple[str, str]:
+    """Two token counts for `before → after`: short forms, or exact ones when the short forms would
+    read the same (`1,612 → 1,598`, never `1.6k → 1.6k`)."""
+    short = human(before), human(after)
+    return short if short[0] != short[1] or before == after else (f"{before:,}", f"{after:,}")
+
+
 def human(n: int) -> str:
     """29,400 → '29.4k'; 128,000 → '128k'; 950 → '950'."""
     if n < 1000:

@@ -80,8 +80,9 @@ def test_notices_name_the_segments_and_evictions_check_the_window(store_dir):
     s = Session("notes", store=store_dir, window_tokens=4096, llm=FakeLLM(default="Noted."),
                 background_compaction=False)
     notices = [n for i in range(90) for n in s.chat(chatty(i)).notices]
-    merged = [n for n in notices if n.startswith(("consolidated segments #", "sank segments #"))]
-    assert merged and all(re.search(r"#\d+–#\d+ \(uids \d+–\d+\) into L\d \(−[\d.]+k? tokens", n) for n in merged)
+    merged = [n for n in notices if n.startswith(("merged ", "folded "))]
+    assert merged and all(re.search(r"^(merged|folded) (\d+) summaries \(#\d+(, #\d+)+; uids \d+–\d+\) into one "
+                                    r"\(−[\d.]+k? tokens", n) for n in merged), merged
     evict = long_session(store_dir, "evict-only", 60, consolidation=False)
     rows = [r for r in evict.ledger() if r["kind"] == "eviction"]
     assert rows, "eviction only: the oldest maps left the payload"

@@ -49,7 +49,7 @@ def test_quickstart_runs_offline_shows_static_outputs_and_resumes(tmp_path, monk
     assert "preview, nothing committed: uids 1–4" in preview and "[segment #1 · uids 1–4" in preview
     assert "context compacted:" in compact and "segment #1, uids 1–4" in compact
     assert "knowledge slot" in context and "knowledge" in ledger
-    assert "L0 segment" in context and "raw tail" in context
+    assert "summary " in context and "raw tail" in context
     assert "compaction" in ledger
     assert "knowledge None None" in api and "segment 1 4" in api and "raw 5 6" in api
     # rich outputs are static HTML, so a notebook reopened without a kernel shows them (no widget
@@ -58,7 +58,7 @@ def test_quickstart_runs_offline_shows_static_outputs_and_resumes(tmp_path, monk
         assert any("text/html" in o.get("data", {}) for o in outputs[index]), index
     assert not any(WIDGET_VIEW in o.get("data", {}) for cell in outputs for o in cell)
     html = json.dumps([o.get("data", {}).get("text/html", "") for cell in outputs for o in cell])
-    assert "Help me pick the connection-pool size" in html and "L0 segment" in html and "ctx " in html
+    assert "Help me pick the connection-pool size" in html and "</span>summary " in html and "ctx " in html
 
     second, _, _ = _run(tmp_path)  # a fresh kernel on the same store: the conversation continues
     assert "12 events, last uid 12" in second[7]

@@ -55,14 +55,14 @@ def test_context_view_layers_tools_and_escaping(store_dir):
     kinds = [layer["kind"] for layer in data["layers"]]
     assert kinds[0] == "system" and "segment" in kinds and kinds[-1] == "tools"  # schemas: sent, not messages
     seg = next(x for x in data["layers"] if x["kind"] == "segment")
-    assert seg["label"] == "L0 segment" and seg["text"].startswith("[user] [segment #1")
+    assert seg["label"] == "summary" and seg["text"].startswith("[user] [segment #1")
     assert sum(x["tokens"] for x in data["layers"]) == s.usage().tokens == data["usage"]["tokens"]  # one number
     assert data["gaps"] == []
     (tool,) = data["tools"]
     assert tool["name"] == "probe" and tool["state"] == "compacted" and XSS in tool["arguments"]
     view = ContextView(data=data, recall=lambda uid: recall_data(s.recall(uid))["events"])
     mime = bundle(view)
-    assert "L0 segment" in mime["text/plain"] and "probe" in mime["text/plain"]
+    assert "summary" in mime["text/plain"] and "probe" in mime["text/plain"]
     assert "<script>" not in mime["text/html"] and "<img" not in mime["text/html"]
     sent = []
     view.send = sent.append  # type: ignore[method-assign]

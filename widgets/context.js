@@ -26,7 +26,7 @@ function render({ model, el }) {
         h("summary", {},
           h("span", { class: `mfs-swatch mfs-kind-${l.kind}` }),
           `${l.label} · ${span(l.uid_from, l.uid_to)} · ${human(l.tokens)} tokens · ${l.messages} msg`,
-          l.level !== null && l.level !== undefined ? ` · level ${l.level}` : "",
+          l.level !== null && l.level !== undefined ? ` · merged ${l.level}×` : "",
           l.degraded ? h("span", { class: "mfs-badge mfs-degraded", text: "degraded" }) : ""),
         h("pre", { class: "mfs-pre", text: l.text }));
       return details;

@@ -47,7 +47,11 @@ function render({ model, el }) {
       text: c + (c === sortKey ? (sortUp ? " ▲" : " ▼") : ""),
       onclick: () => { sortUp = c === sortKey ? !sortUp : true; sortKey = c; draw(); },
     })));
-    const body = rows.map((r) => h("tr", {}, d.columns.map((c) => h("td", { text: r[c] === undefined || r[c] === null ? "" : typeof r[c] === "object" ? JSON.stringify(r[c]) : r[c] }))));
+    // every value in words (ledger_data's cells): tiers by name, lists and objects as phrases, never JSON
+    const cells = new Map((d.cells || []).map((c, i) => [d.rows[i], c]));
+    const body = rows.map((r) => h("tr", {}, d.columns.map((c) => h("td", {
+      text: (cells.get(r) || {})[c] ?? (r[c] === undefined || r[c] === null ? "" : typeof r[c] === "object" ? "" : r[c]),
+    }))));
     root.replaceChildren(
       h("div", { class: "mfs-muted", text: `payload tokens per call (${d.series.length} calls; dots: memory-layer events; dashed: usable window ${human(d.effective || 0)})` }),
       plot(d.series, d.marks, d.effective),

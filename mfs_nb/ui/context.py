@@ -30,7 +30,7 @@ class ContextView(Widget):
         d = self.data
         lines = [f"send view: {d['usage']['line']}"]
         for layer in d["layers"]:
-            extra = f" depth {layer['level']}" if layer["level"] else ""
+            extra = f" merged {layer['level']}×" if layer["level"] else ""
             extra += " degraded" if layer["degraded"] else ""
             lines.append(f"  {layer['label']:<14} {layer['span']:<18} {layer['tokens']:>7} tokens{extra}")
         if d["gaps"]:

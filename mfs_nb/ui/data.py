@@ -13,7 +13,7 @@ from typing import Any
 
 from ..consolidation import labels
 from ..events import Event
-from ..usage import SOURCE_LABELS, Usage, human
+from ..usage import SOURCE_LABELS, Usage, human, tier_label
 
 TIER_COLOURS = {"ok": "#2e7d32", "warn": "#f9a825", "compress": "#ef6c00", "hard": "#c62828"}
 FOLD_CHARS = 2_000
@@ -96,8 +96,8 @@ def recall_html(events: Sequence[Event]) -> str:
 
 # -- the layered send view ------------------------------------------------------------------
 def _label(kind: str, position: str | None) -> str:
-    if kind == "segment":
-        return f"{position or 'L0'} segment"
+    if kind == "segment":  # L0: made from the original messages; L1, L2, …: merged from older summaries
+        return "summary" if (position or "L0") == "L0" else "merged summary"
     return {"system": "system", "evicted": "evicted maps", "raw": "raw tail", "dropped": "dropped",
             "verbatim": "user's words", "facts": "fact lines",
             "knowledge": "knowledge slot"}.get(kind, kind)
@@ -162,12 +162,18 @@ def _add_unlisted_tokens(layers: list[dict[str, Any]], session: Any, usage: Usag
                        "text": f"sent with every call, outside the messages: {names}"})
     rest = usage.tokens - sum(x["tokens"] for x in layers)
     if rest:
-        why = ("the provider's own count of the last payload (the anchor) differs from the estimate of its layers"
-               if usage.source == "anchor+estimate" else
-               f"the estimate is scaled by the calibration factor k={session.calibration:.2f}")
-        layers.append({"kind": "measured", "label": "provider count", "uid_from": None, "uid_to": None,
-                       "span": "static", "tokens": rest, "level": None, "degraded": False, "messages": 0,
-                       "text": f"{rest:+,} tokens: {why}"})
+        more = "more" if rest > 0 else "fewer"
+        if usage.source == "anchor+estimate":
+            label = f"provider counted {more}"
+            why = (f"the provider counted {abs(rest):,} tokens {more} than the estimates of the rows above add up "
+                   "to; the total is the provider's count (plus estimates of what was added since)")
+        else:
+            label = "estimate scaled"
+            why = (f"the estimates of the rows above are scaled by {session.calibration:.2f}, how the provider's counts "
+                   f"have compared with them so far: {abs(rest):,} tokens {more}")
+        layers.append({"kind": "measured", "label": label, "uid_from": None, "uid_to": None,
+                       "span": "adjustment", "tokens": rest, "level": None, "degraded": False, "messages": 0,
+                       "text": why})
 
 
 # -- the ledger ----------------------------------------------------------------------------
@@ -177,14 +183,50 @@ def ledger_data(rows: Sequence[dict[str, Any]], history: Sequence[dict[str, Any]
     extra = sorted({k for r in rows for k in r} - set(columns))
     marks = [h["call"] for h in history if h.get("acted")]
     return {"columns": columns + extra, "rows": [dict(r) for r in rows], "series": list(history), "marks": marks,
-            "effective": effective}
+            "effective": effective, "cells": [{k: cell_text(k, v) for k, v in r.items()} for r in rows]}
+
+
+LIST_ITEMS = 8  # a list in a ledger cell shows this many items, then how many more
+
+
+def cell_text(key: str, value: Any) -> str:
+    """One ledger value as words: tiers by name, yes/no, lists and objects as short phrases (never JSON)."""
+    if value is None or value == "" or value == [] or value == {}:
+        return ""
+    if key == "tier" and isinstance(value, str):
+        return tier_label(value)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{column_name(k)} {cell_text(k, v)}".strip() for k, v in value.items()
+                         if cell_text(k, v) != "")
+    if isinstance(value, (list, tuple)):
+        items = [cell_text(key, v) for v in value[:LIST_ITEMS]]
+        more = f" (+{len(value) - LIST_ITEMS} more)" if len(value) > LIST_ITEMS else ""
+        return ("; " if any(isinstance(v, dict) for v in value) else ", ").join(items) + more
+    return str(value)
+
+
+def column_name(key: str) -> str:
+    """`tokens_before` → 'tokens before'; `upto` → 'up to'."""
+    return {"upto": "up to", "uid_from": "from uid", "uid_to": "to uid", "seq": "#"}.get(key, key.replace("_", " "))
+
+
+def ledger_phrase(row: dict[str, Any], skip: Sequence[str] = ()) -> str:
+    """The fields of a ledger row not in `skip`, as `name: value` phrases."""
+    return "; ".join(f"{column_name(k)}: {cell_text(k, v)}" for k, v in row.items()
+                     if k not in skip and cell_text(k, v) != "")
 
 
 def layers_text(layers: Sequence[Any]) -> str:
     lines = []
     for layer in layers:
         span = f"uids {layer.uid_from}-{layer.uid_to}" if layer.uid_from is not None else "static"
-        extra = f" depth {layer.level}" if layer.level else ""
+        extra = f" merged {layer.level}×" if layer.level else ""
         extra += " degraded" if layer.degraded else ""
         lines.append(f"{layer.kind:<10} {span:<18} {human(layer.tokens):>7} tokens  {layer.messages} msgs{extra}")
     return "\n".join(lines)

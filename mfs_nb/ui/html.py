@@ -5,7 +5,6 @@ table, details, pre); every string from a user, a model or a file is escaped."""
 from __future__ import annotations
 
 import html
-import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -120,17 +119,18 @@ def ledger_html(d: dict[str, Any]) -> str:
     if not rows:
         return f"<div class='mfs-ledger' style='{PANEL}'>{summary}{chart}<div>ledger is empty: the memory layer " \
                "has not acted yet</div></div>"
+    from .data import cell_text, column_name, ledger_phrase
+
     cols = [c for c in LEDGER_DEFAULT if c in d["columns"]]
     cell = "border-bottom:1px solid #eee;padding:2px 6px;text-align:left;vertical-align:top;font-family:monospace"
-    head = "".join(f"<th style='{cell};background:#f3f3f3'>{_e(c)}</th>" for c in cols) + \
-        f"<th style='{cell};background:#f3f3f3'>more</th>"
+    head = "".join(f"<th style='{cell};background:#f3f3f3'>{_e(column_name(c))}</th>" for c in cols) + \
+        f"<th style='{cell};background:#f3f3f3'>details</th>"
     body = []
     for r in rows:
-        rest = {k: v for k, v in r.items() if k not in cols and v not in (None, "", [], {})}
-        more = json.dumps(rest, ensure_ascii=False, default=str)
-        short = more if len(more) <= 80 else more[:79] + "…"
-        body.append("<tr>" + "".join(f"<td style='{cell}'>{_e(r.get(c, ''))}</td>" for c in cols)
-                    + f"<td style='{cell}' title='{_e(more)}'>{_e(short)}</td></tr>")
+        more = ledger_phrase(r, cols)  # every other field, in words: wrapped in its cell, never cut off
+        body.append("<tr>" + "".join(f"<td style='{cell}'>{_e(cell_text(c, r.get(c)))}</td>" for c in cols)
+                    + f"<td style='{cell};font-family:sans-serif;min-width:240px;white-space:normal;"
+                    f"overflow-wrap:anywhere'>{_e(more)}</td></tr>")
     table = (f"<div style='max-width:100%;overflow-x:auto;max-height:420px;overflow-y:auto'>"
              f"<table class='mfs-ledger' style='border-collapse:collapse;font-size:12px'><tr>{head}</tr>"
              f"{''.join(body)}</table></div>")

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-
+from .data import cell_text, ledger_phrase
 from .widget import Widget, esm
 
 
@@ -14,7 +13,11 @@ class LedgerView(Widget):
         rows = self.data["rows"]
         if not rows:
             return "ledger is empty: the memory layer has not acted yet"
-        return "\n".join(json.dumps(r, ensure_ascii=False) for r in rows)
+        lines = []
+        for r in rows:  # `#12 compaction · compacting: tokens before: 3,120; …`, every field in words
+            head = f"#{r.get('seq', '')} {r.get('kind', '')}" + (f" · {cell_text('tier', r['tier'])}" if r.get("tier") else "")
+            lines.append(f"{head}: {ledger_phrase(r, ('seq', 'kind', 'tier'))}")
+        return "\n".join(lines)
 
     def html(self) -> str:
         from .html import ledger_html

@@ -88,7 +88,7 @@ def test_outputs_render_and_survive_a_reopen_in_jupyterlab(tmp_path):
         assert "#1 tool · notebook" in state["recall"]  # the cell log's record of the cell that wrote the file
         assert any(s.startswith("system") for s in state["layers"])
         assert any(s.startswith("knowledge slot") for s in state["layers"])
-        assert any(s.startswith("L0 segment · uids 1–4") for s in state["layers"])
+        assert any(s.startswith("summary · uids 1–4") for s in state["layers"])
         assert any(s.startswith("raw tail · uids 5–6") for s in state["layers"])
         assert state["preview"].startswith("preview, nothing committed: uids 1–4") and "prefix-cache miss" in state["preview"]
         assert "[segment #1 · uids 1–4" in state["preview"]

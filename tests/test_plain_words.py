@@ -1,0 +1,99 @@
+"""Plain words in every user-facing string (issue 39 item 8): no `L1 segment … depth 3`, no negative
+`provider count` row, no `tier warn`, no `embedder not loaded yet`, no JSON in the ledger view, no
+backwards `#7–#6` range, no `[segment #71–85 segment …]` hit, no `1.6k → 1.6k`, and `%recall ""`
+suggests the magic, not the model's tool."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import FakeLLM
+
+from mfs_nb import Session
+from mfs_nb.llm import Completion
+from mfs_nb.search import Hit
+from mfs_nb.tokens import message_tokens
+from mfs_nb.ui.context import ContextView
+from mfs_nb.ui.data import context_data, ledger_data
+from mfs_nb.ui.html import ledger_html
+from mfs_nb.ui.ledger import LedgerView
+from mfs_nb.usage import Usage
+
+INTERNAL_TIER = re.compile(r"\btier\b|\b(warn|compress|hard)\b")
+
+
+def test_layers_are_summaries_merged_n_times_not_levels_and_depths():
+    layers = [{"kind": "segment", "label": "merged summary", "span": "uids 1–40", "tokens": 900, "level": 3,
+               "degraded": False},
+              {"kind": "segment", "label": "summary", "span": "uids 41–60", "tokens": 400, "level": 0,
+               "degraded": False}]
+    text = ContextView(data={"usage": {"line": "ctx 40%"}, "layers": layers, "gaps": [], "tools": []}).text()
+    assert "merged 3×" in text and "depth" not in text and not re.search(r"\bL\d\b", text)
+
+
+def test_the_provider_count_row_says_in_words_which_way_it_differs(store_dir):
+    fake = FakeLLM()
+
+    def answer(messages):  # a provider that counts a fifth fewer tokens than the estimate
+        prompt = int(0.8 * sum(message_tokens(m) for m in messages))
+        return Completion("noted", [], {"prompt_tokens": prompt, "completion_tokens": 3}, "primary", "fake")
+
+    fake.script = [answer] * 4
+    s = Session("words", store=store_dir, llm=fake)
+    for i in range(3):
+        s.chat(f"message {i}: the pool has 120 connections " * 5)
+    data = context_data(s)
+    (row,) = [x for x in data["layers"] if x["kind"] == "measured"]
+    assert row["tokens"] < 0 and row["label"] == "provider counted fewer" and row["span"] != "static"
+    assert f"{-row['tokens']:,} tokens fewer" in row["text"] and "-" not in row["text"].split("tokens")[0]
+    assert sum(x["tokens"] for x in data["layers"]) == data["usage"]["tokens"]  # the rows still add up
+    head = re.search(r"<div><b>.*?</div>", ContextView(data=data).html()).group(0)
+    assert "count of the last request plus estimates since" in head and "anchor+estimate" not in head
+
+
+def test_tiers_are_words_in_the_status_line():
+    for tier, words in (("warn", "clearing soon"), ("compress", "compacting"), ("hard", "compacting now")):
+        line = Usage(900, 1200, 1000, tier, "anchor+estimate", "s").status_line()
+        assert line.startswith("ctx 90% · 900 of 1k usable") and f"· {words} ·" in line and not INTERNAL_TIER.search(line)
+
+
+def test_ledger_rows_read_as_words_not_json():
+    rows = [{"seq": 3, "time": "12:00:01", "kind": "knowledge", "by": "user", "origin": {"own": 10, "upto": 20},
+             "set": [{"key": "db", "tokens": 12}], "evicted": [f"key{i}" for i in range(12)], "accepted": True},
+            {"seq": 4, "kind": "tier", "tier": "compress", "tokens": 3120, "effective": 3400}]
+    data = ledger_data(rows, [], 3400)
+    page = ledger_html(data)
+    assert "own 10, up to 20" in page and "key db, tokens 12" in page and "(+4 more)" in page
+    assert "accepted: yes" in page and ">compacting<" in page
+    assert "{" not in page.split("<table", 1)[1] and "&quot;" not in page and "…" not in page
+    text = LedgerView(data=data).text()
+    assert "#4 tier · compacting: tokens: 3120" in text and "origin: own 10, up to 20" in text
+    assert "{" not in text and '"' not in text
+    assert data["cells"][0]["origin"] == "own 10, up to 20"
+
+
+def test_a_search_hit_on_a_summary_names_its_uid_range_once():
+    hit = Hit(uid=71, role="segment", turn=12, score=0.5, snippet="pool size 30", kind="segment", uid_to=85)
+    assert hit.line().startswith("[summary of uids 71–85 · turn 12 · 0.500] pool size")
+    event = Hit(uid=7, role="user", turn=2, score=0.25, snippet="keep it under 30")
+    assert event.line().startswith("[#7 user · turn 2 · 0.250] keep")
+
+
+def test_a_before_and_after_that_would_read_alike_shows_exact_numbers():
+    from mfs_nb.usage import human_pair
+
+    assert human_pair(1612, 1598) == ("1,612", "1,598")
+    assert human_pair(12_400, 3_100) == ("12.4k", "3.1k")
+    assert human_pair(1600, 1600) == ("1.6k", "1.6k")
+
+
+def test_status_and_an_empty_recall_speak_the_users_language(ip, capsys):
+    ip.run_cell("%%chat\nOur DB allows 120 connections; keep the pool under 30.")
+    capsys.readouterr()
+    ip.run_line_magic("mfs", "status")
+    out = capsys.readouterr().out
+    assert "embedder" not in out and "pressure from" not in out and "anchor+estimate" not in out
+    assert "search index: 2 messages; by words to uid" in out and "by meaning" in out
+    ip.run_line_magic("recall", '""')
+    err = capsys.readouterr().err
+    assert '%recall "pool size"' in err and "recall_search(" not in err
