@@ -1,7 +1,8 @@
 """Headers and notices in the conversation's language (issue 18 deliverable 6).
 
 A Chinese conversation gets Chinese segment prose (the summarizer is asked for it), and with this
-module Chinese headers in the payload and Chinese notices in the notebook. The language is decided
+module Chinese headers in the payload, Chinese labels inside segments and tracks (fact-list
+captions, speakers, budget notes) and Chinese notices in the notebook. The language is decided
 by script from the user's own messages (`segments.conversation_language`); Chinese is the one
 translation here, every other language keeps the English text. A header's language is fixed when
 the layer is built from the history it covers (a segment stores it), so its bytes never change
@@ -37,6 +38,29 @@ _TEXT: dict[str, tuple[str, str]] = {
         "with remember(key, value) and drop it with forget(key)]",
         "[知识槽：这些值逐字保留，永不压缩。用户固定它们；你可以用 remember(key, value) 保存一项，"
         "用 forget(key) 删除]"),
+    # labels inside a segment and the tracks: the segment header, the fact lists, the guides
+    "segment_degraded": ("degraded", "降级"),
+    "segment_topics": ("topics: {words}", "主题：{words}"),
+    "facts_errors": ("errors seen:", "出现的错误："),
+    "facts_commands": ("commands run:", "运行的命令："),
+    "facts_calls": ("other tool calls:", "其他工具调用："),
+    "facts_files": ("files touched:", "涉及的文件："),
+    "facts_said": ("said (user and assistant):", "说过的话（用户与助手）："),
+    "facts_dropped": (
+        "[older fact lines of uids {lo}–{hi} left for the budget ({what}); recall_history returns them]",
+        "[uid {lo}–{hi} 中较早的事实行因预算省略（{what}）；recall_history 可取回]"),
+    "count_errors": ("{n} errors", "错误 {n} 条"),
+    "count_commands": ("{n} commands", "命令 {n} 条"),
+    "count_calls": ("{n} calls", "工具调用 {n} 条"),
+    "count_files": ("{n} files", "文件 {n} 条"),
+    "count_said": ("{n} said", "对话 {n} 条"),
+    "guide_dropped": ("- ({n} older lines of this guide left for the budget)", "- （本指南较早的 {n} 行因预算省略）"),
+    "evicted": ("[earlier history, uids {spans}, was compressed and its summaries no longer fit here; "
+                "recall_history returns the originals]",
+                "[更早的历史（uid {spans}）已压缩，其摘要已放不下；recall_history 可取回原文]"),
+    "calls": ("calls {names}", "调用 {names}"),
+    "nothing_to_summarize": ("- (nothing to summarize)", "- （没有可摘要的内容）"),
+    "nothing_to_merge": ("- (nothing to merge)", "- （没有可合并的内容）"),
     "budget_note": ("[context {share} of the usable window · compaction at {line}]",
                     "[上下文已占可用窗口的 {share} · 压缩线 {line}]"),
     # user-facing notices
@@ -67,6 +91,24 @@ def text(key: str, language: str | None = None, **values: Any) -> str:
     return (chinese if language == CHINESE else english).format(**values)
 
 
+# The speaker of a line (a fact line, a line of a guide): the role name, and its Chinese word.
+SPEAKERS = {"user": "用户", "assistant": "助手", "tool": "工具"}
+
+
+def speaker(role: str, language: str | None = None) -> str:
+    """`role: ` as a line's speaker label in `language` (`用户：` in Chinese); an unknown role as it is."""
+    if language == CHINESE and role in SPEAKERS:
+        return SPEAKERS[role] + "："
+    return f"{role}: "
+
+
+def spoken(line: str, language: str | None = None) -> str:
+    """`line`, whose English speaker label (`user: …`, `tool: …`) is the working set's key, with the
+    label in `language`; a line with no such label as it is."""
+    role, sep, rest = line.partition(": ")
+    return speaker(role, language) + rest if sep and language == CHINESE and role in SPEAKERS else line
+
+
 def is_chinese(language: str | None) -> bool:
     return language == CHINESE
 
@@ -76,6 +118,11 @@ _HANGUL = re.compile(r"[\uac00-\ud7af]")
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _LATIN = re.compile(r"[A-Za-z]")
 CJK_SHARE = 0.3  # of the letters in the user's messages: above it, the conversation is Chinese/Japanese/Korean
+
+
+def has_cjk(text: str) -> bool:
+    """Whether `text` has a Chinese, Japanese or Korean character."""
+    return bool(_HAN.search(text) or _KANA.search(text) or _HANGUL.search(text))
 
 
 def conversation_language(events: Sequence[Any]) -> str | None:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 from functools import cache, lru_cache
 from typing import Any
 
+from . import lang
 from .tokens import estimate_tokens, exact_counter, message_tokens
 
 SUMMARY_MARKER = "<<mfs:summarize>>"
@@ -35,11 +36,18 @@ def offline_reply(messages: list[dict[str, Any]]) -> str:
     last = (messages[-1].get("content") or "") if messages else ""
     if messages and messages[-1].get("role") == "user" and last.lstrip().startswith(SUMMARY_MARKER):
         target = re.search(r"about (\d+) tokens", last)
-        return extractive_summary(messages[:-1], int(target.group(1)) if target else 1000)
+        return extractive_summary(messages[:-1], int(target.group(1)) if target else 1000, _asked_language(last))
     if messages and messages[-1].get("role") == "user" and last.lstrip().startswith(MERGE_MARKER):
         target = re.search(r"about (\d+) tokens", last)
-        return extractive_merge(messages[:-1], int(target.group(1)) if target else 1000)
+        return extractive_merge(messages[:-1], int(target.group(1)) if target else 1000, _asked_language(last))
     return _CHAT_REPLY
+
+
+def _asked_language(instruction: str) -> str:
+    """The language the instruction asks the guide to be written in (`segments.language_line`):
+    the offline default follows it as a model would, for its own labels."""
+    m = re.search(r"Write the guide in (\w+), the language of this conversation", instruction)
+    return lang.translated(m.group(1)) if m else ""
 
 
 _SENTENCE = re.compile(r"(?<=[.!?。！？])\s+")
@@ -59,10 +67,12 @@ def _best_sentence(text: str) -> str:
     return max(sentences, key=score)  # max keeps the earliest of equals: deterministic
 
 
-def extractive_summary(messages: list[dict[str, Any]], target_tokens: int = 1000) -> str:
+def extractive_summary(messages: list[dict[str, Any]], target_tokens: int = 1000, language: str = "") -> str:
     """Deterministic extractive guide: the most informative sentence (≤ 160 chars) of each user and
-    assistant message, user messages first when the target does not fit them all; order kept."""
-    picked: list[tuple[int, str]] = []
+    assistant message, user messages first when the target does not fit them all; order kept.
+    Speakers are labelled in `language` (lang.py)."""
+    rank = {"user": 0, "assistant": 1}
+    picked: list[tuple[int, int, str]] = []
     for i, m in enumerate(messages):
         if m.get("role") not in ("user", "assistant"):
             continue
@@ -73,38 +83,38 @@ def extractive_summary(messages: list[dict[str, Any]], target_tokens: int = 1000
         if len(best) > 160:
             best = best[:159] + "…"
         # a tool result sent as a labelled note (the notebook's cell log) is not the user speaking
-        role = "tool" if text.startswith("[tool result #") else m.get("role")
-        picked.append((i, f"- {role}: {best}"))
-    rank = {"user": 0, "assistant": 1}
-    order = sorted(picked, key=lambda p: (rank.get(p[1][2:].split(":", 1)[0], 2), p[0]))
+        role = "tool" if text.startswith("[tool result #") else str(m.get("role"))
+        picked.append((rank.get(role, 2), i, f"- {lang.speaker(role, language)}{best}"))
     kept, used = set(), 0
-    for i, line in order:
+    for _, i, line in sorted(picked):
         cost = estimate_tokens(line) + 1
         if used + cost > target_tokens:
             continue
         kept.add(i)
         used += cost
-    lines = [line for i, line in picked if i in kept]
-    return "\n".join(lines) or "- (nothing to summarize)"
+    lines = [line for _, i, line in picked if i in kept]
+    return "\n".join(lines) or lang.text("nothing_to_summarize", language)
 
 
-def extractive_merge(messages: list[dict[str, Any]], target_tokens: int = 1000) -> str:
+def extractive_merge(messages: list[dict[str, Any]], target_tokens: int = 1000, language: str = "") -> str:
     """Deterministic merge of guides: their lines in order, the user's lines first when the target
-    does not fit them all (the offline default's consolidation)."""
+    does not fit them all (the offline default's consolidation); a user line is labelled in
+    English or in Chinese, whichever the guides were written in."""
+    users = ("user:", lang.speaker("user", lang.CHINESE))
     lines: list[str] = []
     for m in messages:
         for line in (m.get("content") or "").splitlines():
             line = line.strip()
             if line and not line.startswith("[guide to uids") and line not in lines:
                 lines.append(line)
-    order = sorted(range(len(lines)), key=lambda i: ("user:" not in lines[i][:12], i))
+    order = sorted(range(len(lines)), key=lambda i: (not any(u in lines[i][:12] for u in users), i))
     kept, used = set(), 0
     for i in order:
         cost = estimate_tokens(lines[i]) + 1
         if used + cost <= target_tokens:
             kept.add(i)
             used += cost
-    return "\n".join(lines[i] for i in sorted(kept)) or "- (nothing to merge)"
+    return "\n".join(lines[i] for i in sorted(kept)) or lang.text("nothing_to_merge", language)
 
 
 @cache

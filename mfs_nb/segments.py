@@ -17,7 +17,7 @@ from typing import Any
 from . import lang, workset
 from .events import Event
 from .facts import tool_digest
-from .lang import conversation_language, header_language  # noqa: F401 (re-exported)
+from .lang import conversation_language, header_language
 from .tokens import estimate_tokens
 from .view import pair_tool_messages
 
@@ -47,8 +47,11 @@ class Segment:
     language: str = ""  # the covered user messages' language when a header translation exists (lang.py)
 
     def render(self) -> str:
-        topics = f" · topics: {self.keywords}" if self.keywords else ""
-        text = f"[segment #{self.id} · uids {self.uid_from}–{self.uid_to}{' · degraded' if self.degraded else ''}{topics}]\n"
+        degraded = " · " + lang.text("segment_degraded", self.language) if self.degraded else ""
+        # a segment stored before topics left CJK out may hold character bigrams: never shown
+        words = ", ".join(w for w in self.keywords.split(", ") if w and not lang.has_cjk(w))
+        topics = " · " + lang.text("segment_topics", self.language, words=words) if words else ""
+        text = f"[segment #{self.id} · uids {self.uid_from}–{self.uid_to}{degraded}{topics}]\n"
         text += lang.text("honesty", self.language) + "\n\n" + self.prose.strip()
         if self.facts.strip():
             text += "\n\n" + lang.text("facts_label", self.language) + "\n" + self.facts.strip()
@@ -202,39 +205,47 @@ def fact_budget(effective: int | None) -> tuple[int, int]:
 def fact_list(events: Sequence[Event], effective: int | None = None) -> workset.Budgeted:
     """The verbatim fact list of a range (DESIGN §4, seed 000 §4.5): its working set — errors seen,
     commands run, files touched, what the user and the assistant said — within `fact_budget`,
-    the same lines the session's fact track would show."""
+    the same lines the session's fact track would show, labelled in the range's header language."""
     lines, tokens = fact_budget(effective)
-    return workset.budget(workset.lines_of(events), tokens, lines)
+    return workset.budget(workset.lines_of(events), tokens, lines, header_language(events))
 
 
-def degraded_prose(events: Sequence[Event]) -> str:
-    """Zero-LLM guide: per event its first 120 and last 60 characters."""
+def degraded_prose(events: Sequence[Event], language: str = "") -> str:
+    """Zero-LLM guide: per event its first 120 and last 60 characters (speakers in `language`)."""
     lines = []
     for e in events:
         text = " ".join(e.content.split())
         if not text and e.tool_calls:
-            text = "calls " + ", ".join((c.get("function") or {}).get("name", "?") for c in e.tool_calls)
+            text = lang.text("calls", language,
+                             names=", ".join((c.get("function") or {}).get("name", "?") for c in e.tool_calls))
         if len(text) > DEGRADED_HEAD + DEGRADED_TAIL + 5:
             text = text[:DEGRADED_HEAD] + " … " + text[-DEGRADED_TAIL:]
         if text:
-            lines.append(f"- #{e.uid} {e.role}: {text}")
+            lines.append(f"- #{e.uid} {lang.speaker(e.role, language)}{text}")
     return "\n".join(lines)
 
 
 def topic_keywords(events: Sequence[Event], n: int = 5) -> str:
-    """Topic words of a range, deterministic, from what the user and assistant said (not tool output)."""
+    """Topic words of a range, deterministic, from what the user and assistant said (not tool output).
+    Only words written with spaces between them: CJK text has none, and its character bigrams
+    (`宝可`, `可梦`, `的宝`) are fragments, not words. So a range whose user writes Chinese, Japanese
+    or Korean gets no topics (its few Latin words, mostly paths, would misname it), and any other
+    range none of the CJK bigrams (a segmenter with a dictionary would be needed for real ones)."""
     from .search import keywords
 
-    return ", ".join(keywords([e.content for e in events if e.role in ("user", "assistant")], n))
+    if conversation_language(events):
+        return ""
+    ranked = keywords([e.content for e in events if e.role in ("user", "assistant")], 10 ** 9)  # all, best first
+    return ", ".join([t for t in ranked if not lang.has_cjk(t)][:n])
 
 
 def build(segment_id: int, events: Sequence[Event], prose: str | None, effective: int | None = None) -> Segment:
     """A segment for `events`: the given prose, or the degraded guide when prose is None."""
     facts = fact_list(events, effective)
     degraded = prose is None
-    body = degraded_prose(events) if degraded else prose
+    body = degraded_prose(events, facts.language) if degraded else prose
     seg = Segment(segment_id, events[0].uid, events[-1].uid, body or "", facts.render(), 0, degraded, 0,
-                  covered_hash(events), topic_keywords(events), header_language(events))
+                  covered_hash(events), topic_keywords(events), facts.language)
     return Segment(**{**seg.to_json(), "tokens": estimate_tokens(seg.render()) + 4})
 
 
@@ -244,7 +255,7 @@ def merged(segment_id: int, members: Sequence[Segment], events: Sequence[Event],
     range's working set as its fact list, one level deeper (`level`)."""
     facts = fact_list(events, effective)
     new = Segment(segment_id, members[0].uid_from, members[-1].uid_to, prose, facts.render(), level, False, 0,
-                  covered_hash(events), topic_keywords(events), header_language(events))
+                  covered_hash(events), topic_keywords(events), facts.language)
     return Segment(**{**new.to_json(), "tokens": estimate_tokens(new.render()) + 4})
 
 
@@ -263,10 +274,8 @@ def uncovered(uids: Sequence[int], raw: set[int], spans: Sequence[tuple[int, int
     return out
 
 
-def evicted_note(ranges: Sequence[tuple[int, int]]) -> str:
+def evicted_note(ranges: Sequence[tuple[int, int]], language: str = "") -> str:
     """One line naming the uid ranges whose segment maps left the payload (still recallable)."""
-    spans = ", ".join(f"{a}–{b}" for a, b in ranges)
-    return (f"[earlier history, uids {spans}, was compressed and its summaries no longer fit here; "
-            "recall_history returns the originals]")
+    return lang.text("evicted", language, spans=", ".join(f"{a}–{b}" for a, b in ranges))
 
 

@@ -40,9 +40,7 @@ from .events import Event
 from .facts import COMMAND, ERROR, LINE_CHARS, PATH, cut, extract
 from .tokens import estimate_tokens
 
-GROUPS = ("errors", "commands", "calls", "files", "said")
-CAPTIONS = {"errors": "errors seen:", "commands": "commands run:", "calls": "other tool calls:",
-            "files": "files touched:", "said": "said (user and assistant):"}
+GROUPS = ("errors", "commands", "calls", "files", "said")  # each group's caption is `lang` key facts_<group>
 _LOOKUP = re.compile(r"^(?:get|list|search|find|read|fetch|lookup|query|show|view|check|calculate|describe)", re.I)
 MEMORY_TOOLS = frozenset({"recall_history", "recall_search", "remember", "forget"})  # the memory layer's own tools: not work done
 CHANGES = ("created", "edited", "deleted")
@@ -90,10 +88,11 @@ class Line:
     def newest(self) -> int:
         return self.uids[-1]
 
-    def render(self) -> str:
+    def render(self, language: str = "") -> str:
+        """`- text [#uids]`, the speaker label in `language` (the text keeps the English one: it is the key)."""
         shown = self.uids[-MAX_UIDS:]
         more = f" +{len(self.uids) - len(shown)}" if len(self.uids) > len(shown) else ""
-        return f"- {self.text} [" + " ".join(f"#{u}" for u in shown) + more + "]"
+        return f"- {lang.spoken(self.text, language)} [" + " ".join(f"#{u}" for u in shown) + more + "]"
 
 
 @dataclass
@@ -379,6 +378,7 @@ def _sentences(text: str) -> Iterable[str]:
 class Budgeted:
     lines: list[Line]
     dropped: list[Line]
+    language: str = ""  # of the captions, the note and the speaker labels (lang.py)
 
     def render(self) -> str:
         """The kept lines by group (errors, commands, files, said), each group oldest first, and
@@ -387,41 +387,43 @@ class Budgeted:
         for group in GROUPS:
             members = sorted((x for x in self.lines if x.group == group), key=lambda x: x.uids[0])
             if members:
-                out.append(CAPTIONS[group])
-                out += [x.render() for x in members]
+                out.append(lang.text(f"facts_{group}", self.language))
+                out += [x.render(self.language) for x in members]
         if self.dropped:
-            out.append(dropped_note(self.dropped))
+            out.append(dropped_note(self.dropped, self.language))
         return "\n".join(out)
 
 
-def dropped_note(dropped: Sequence[Line]) -> str:
+def dropped_note(dropped: Sequence[Line], language: str = "") -> str:
     lo = min(x.uids[0] for x in dropped)
     hi = max(x.newest for x in dropped)
     counts = {g: sum(x.group == g for x in dropped) for g in GROUPS}
-    what = ", ".join(f"{n} {g}" for g, n in counts.items() if n)
-    return f"[older fact lines of uids {lo}–{hi} left for the budget ({what}); recall_history returns them]"
+    what = ", ".join(lang.text(f"count_{g}", language, n=n) for g, n in counts.items() if n)
+    return lang.text("facts_dropped", language, lo=lo, hi=hi, what=what)
 
 
-def budget(lines: Sequence[Line], max_tokens: int, max_lines: int | None = None) -> Budgeted:
+def budget(lines: Sequence[Line], max_tokens: int, max_lines: int | None = None, language: str = "") -> Budgeted:
     """Keep lines within `max_tokens` (and `max_lines`): errors first, then commands and decisions,
-    paths, numbers; within a kind the newest. The note for what is dropped is paid for first."""
+    paths, numbers; within a kind the newest. The note for what is dropped is paid for first.
+    `language`: of the rendered labels (lang.py)."""
     order = sorted(lines, key=lambda x: (x.kind, -x.newest))
     reserve = 40 if len(lines) else 0
     kept: list[Line] = []
     tokens = len(GROUPS) * 4 + reserve
     for x in order:
-        cost = estimate_tokens(x.render()) + 2
+        cost = estimate_tokens(x.render(language)) + 2
         if (max_lines is None or len(kept) < max_lines) and tokens + cost <= max_tokens:
             kept.append(x)
             tokens += cost
     chosen = set(kept)
-    return Budgeted(kept, [x for x in lines if x not in chosen])
+    return Budgeted(kept, [x for x in lines if x not in chosen], language)
 
 
 def without_shown(lines: Iterable[Line], shown_text: str) -> list[Line]:
-    """Lines whose text is not already shown word for word (in a segment's fact list or prose; a
-    segment stored before tool lines said `tool:` shows them without it)."""
-    return [x for x in lines if x.text not in shown_text
+    """Lines whose text is not already shown word for word (in a segment's fact list or prose, with
+    its speaker label in English or in Chinese; a segment stored before tool lines said `tool:`
+    shows them without it)."""
+    return [x for x in lines if x.text not in shown_text and lang.spoken(x.text, lang.CHINESE) not in shown_text
             and not (x.text.startswith(TOOL) and x.text[len(TOOL):] in shown_text)]
 
 
@@ -454,8 +456,9 @@ def fact_track(events: Sequence[Event], text_upto: int, tool_upto: int, skip_uid
         return None
     scope = [e for e in events if e.uid <= upto]
     lines = without_shown(lines_of(scope, text_upto, tool_upto, skip_uids), shown_text)
-    head = caption(upto, lang.header_language(scope))
-    kept = budget(lines, max_tokens - estimate_tokens(head))
+    language = lang.header_language(scope)
+    head = caption(upto, language)
+    kept = budget(lines, max_tokens - estimate_tokens(head), language=language)
     if not kept.lines:
         return None
     text = head + "\n" + kept.render()

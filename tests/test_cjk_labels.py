@@ -1,0 +1,129 @@
+"""A Chinese conversation reads in Chinese inside its segments and tracks (issue 39 item 9): every
+label in a segment's header, its fact list, the fact track and the offline summarizer's guide is
+Chinese, and topic words are real words — CJK character bigrams are never shown as topics."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from mfs_nb import lang
+from mfs_nb.events import Event
+from mfs_nb.offline import extractive_merge, offline_reply
+from mfs_nb.replay import normalise, replay
+from mfs_nb.segments import Segment, build, instruction, topic_keywords
+from mfs_nb.workset import budget, fact_track, lines_of
+
+ENGLISH_LABELS = ("said (user and assistant):", "errors seen:", "commands run:", "other tool calls:",
+                  "files touched:", "left for the budget", "older fact lines", "Facts (verbatim):", "topics:",
+                  "degraded", "- user:", "- assistant:", "- tool:", "nothing to summarize", "nothing to merge")
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
+
+_GUIDE_DROPPED = re.compile(r"^- \(\d+ older lines of this guide left for the budget\)$", re.M)
+GARDEN = ["番茄", "黄瓜", "辣椒", "茄子", "生菜", "豆角", "南瓜"]
+
+
+def _user(i: int) -> str:
+    plant = GARDEN[i % len(GARDEN)]
+    return (f"第{i}周：阳台菜园里的{plant}已经长到{10 + i}厘米了，我每天早上七点浇水{200 + i}毫升。"
+            f"记录放在 garden/week_{i}.md 里。请不要建议我用化肥，我只用自己做的堆肥。"
+            f"你觉得{plant}下一步该怎么照顾？")
+
+
+def _assistant(i: int) -> str:
+    plant = GARDEN[i % len(GARDEN)]
+    return (f"好的，{plant}长到{10 + i}厘米说明根系已经稳定。可以把浇水改到傍晚，避免中午暴晒时叶片烫伤；"
+            f"堆肥每两周追加一次，每株大约一小把就够了。另外注意观察叶片背面有没有蚜虫，"
+            f"发现的话用稀释的肥皂水喷洒，连续三天。搭一个简单的支架，让藤蔓顺着往上爬，通风会更好。") * 2
+
+
+def _conversation(turns: int) -> list[dict]:
+    out: list[dict] = []
+    for i in range(turns):
+        out += [{"role": "user", "content": _user(i)}, {"role": "assistant", "content": _assistant(i)}]
+    return out
+
+
+def _events(turns: int) -> list[Event]:
+    out, uid = [], 0
+    for i in range(turns):
+        for role, text in (("user", _user(i)), ("assistant", _assistant(i))):
+            uid += 1
+            out.append(Event(uid, "s", i + 1, role, text, turn_start=role == "user"))
+    return out
+
+
+def _no_english_labels(text: str) -> None:
+    text = re.sub(_GUIDE_DROPPED, "", text)  # terminal.py's line, not translated yet: the xfail test below
+    for label in ENGLISH_LABELS:
+        assert label not in text, label
+
+
+def test_a_chinese_replay_at_8k_has_chinese_labels_and_no_bigram_topics(tmp_path):
+    result = replay(normalise(_conversation(70)), window=8000, store=str(tmp_path / "store"))
+    segments = [Segment.from_json(x) for x in result["segments"]]
+    assert segments and all(x.language == lang.CHINESE for x in segments)
+    for x in segments:
+        assert not _CJK.search(x.keywords), x.keywords  # character bigrams are fragments, not topics
+        _no_english_labels(x.render())
+    payload = "\n".join(m["content"] for m in result["final_view"]["messages"] if m["role"] != "system")
+    assert lang.text("facts_label", lang.CHINESE) in payload and "[截至 #" in payload  # a segment, a track
+    _no_english_labels(payload)
+
+
+def test_topics_of_a_chinese_range_are_never_bigrams_and_english_topics_stay():
+    assert topic_keywords(_events(10)) == ""  # not bigrams, and not its paths' words (garden, week_3) either
+    english = [Event(1, "s", 1, "user", "The billing pool (连接池) keeps timing out; billing calls retry and retry.",
+                     turn_start=True), Event(2, "s", 1, "assistant", "The 连接池 billing retries are capped.")]
+    topics = topic_keywords(english).split(", ")
+    assert topics[0] == "billing" and not any(_CJK.search(t) for t in topics)
+    stored = Segment(3, 1, 20, "- 训练计划", "", keywords="宝可, 可梦, 你的, 的宝, 训练", language=lang.CHINESE)
+    assert stored.render().splitlines()[0] == "[segment #3 · uids 1–20]"  # stored before: its bigrams stay hidden
+
+
+def test_fact_lists_and_the_fact_track_speak_chinese():
+    events = _events(12)
+    seg = build(1, events, None)  # the degraded guide: its speakers too
+    assert seg.language == lang.CHINESE
+    _no_english_labels(seg.render())
+    assert lang.text("segment_degraded", lang.CHINESE) in seg.render().splitlines()[0]
+    assert "用户：" in seg.facts and "说过的话" in seg.facts
+    small = budget(lines_of(events), 300, language=lang.CHINESE)
+    assert small.dropped and "[uid 1–" in small.render()
+    _no_english_labels(small.render())
+    track = fact_track(events, 24, 24, set(), 400)
+    assert track is not None and track.text.startswith("[截至 #24")
+    _no_english_labels(track.text)
+    # a line a Chinese segment shows (with its Chinese speaker) is not repeated in the track
+    shown = build(1, events[:6], "- 已经讨论了浇水和堆肥的安排，用户坚持只用自制堆肥。")
+    again = fact_track(events[:6], 6, 6, set(), 10_000, shown_text=shown.render())
+    assert again is None or not any(f"[#{u}]" in again.text for u in range(1, 7))
+
+
+def test_an_english_fact_list_is_unchanged():
+    events = [Event(1, "s", 1, "user", "Never touch deploy/pool.yaml; keep 64 workers.", turn_start=True)]
+    text = budget(lines_of(events), 1_000).render()
+    assert text.startswith("said (user and assistant):\n- user: ")
+
+
+def test_the_offline_summarizer_labels_follow_the_requested_language():
+    messages = _conversation(4)
+    prose = offline_reply(messages + [{"role": "user", "content": instruction("bullets", 1, 8, 3000, "", "Chinese")}])
+    assert prose.startswith("- 用户：") and "- 助手：" in prose
+    _no_english_labels(prose)
+    empty = offline_reply([{"role": "user", "content": instruction("bullets", 1, 1, 300, "", "Chinese")}])
+    _no_english_labels(empty)
+    assert extractive_merge([{"role": "user", "content": "[guide to uids 1–4]\n- 助手：甲\n- 用户：乙"}], 6) == "- 用户：乙"
+    english = offline_reply(messages[:2] + [{"role": "user", "content": instruction("bullets", 1, 2, 300)}])
+    assert english.startswith("- user: ")
+
+
+@pytest.mark.xfail(strict=True, reason="terminal.bounded writes its line in English; it should use "
+                   "lang.text('guide_dropped', language, n=…) (terminal.py is outside this change)")
+def test_the_sink_guide_names_its_dropped_lines_in_chinese():
+    from mfs_nb.terminal import bounded
+
+    prose = "\n".join(f"- 用户：第{i}周的番茄长到{10 + i}厘米" for i in range(40))
+    first = bounded(prose, 60).splitlines()[0]
+    assert first == lang.text("guide_dropped", lang.CHINESE, n=int(re.sub(r"\D", "", first)))
