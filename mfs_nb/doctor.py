@@ -10,10 +10,22 @@ and the log stays contiguous. The report names exactly which uids were lost.
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import Any
 
+from .errors import StoreError
 from .events import Event, content_hash
-from .store import now_iso, resolve_uri, rewrite_events, salvage_rows, table_report
+from .store import (
+    _store_problem,
+    now_iso,
+    read_only_error,
+    resolve_uri,
+    rewrite_events,
+    salvage_rows,
+    shown_uri,
+    table_report,
+)
 
 TOMBSTONE = "[uid {uid} could not be recovered from a damaged store (mfs-nb doctor, {when})]"
 
@@ -51,9 +63,42 @@ def _references(uri: str, tables: dict[str, dict[str, Any]]) -> dict[str, int]:
     return high
 
 
+def _check_folder(uri: str) -> None:
+    """A local store path doctor can read, or StoreError with one line: a file, a missing folder (never
+    created here: doctor only looks) and a folder this user cannot read are not stores."""
+    if "://" in uri:
+        return
+    path = Path(uri)
+    if not path.exists():
+        raise StoreError(f"no store at {uri}: the folder does not exist; pass the folder that holds the store's "
+                         "tables (--store PATH, or MFS_STORE; the default is ./.mfs)")
+    if not path.is_dir():
+        raise StoreError(f"{uri} is a file, not a store folder; pass the folder that holds the store's tables "
+                         "(--store PATH, or MFS_STORE; the default is ./.mfs)")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise StoreError(f"the store at {uri} cannot be read by this user (permission denied); run doctor as a user "
+                         "who may read it, or make the folder readable")
+
+
 def doctor(store: str | None = None, repair: bool = False) -> tuple[list[str], bool]:
-    """(report lines, healthy). `repair` rewrites the events table from what is readable."""
+    """(report lines, healthy). `repair` rewrites the events table from what is readable. A path that is
+    not a readable store, or a store that cannot be read or (with `repair`) written, raises StoreError
+    with one line."""
     uri = resolve_uri(store)
+    _check_folder(uri)
+    try:
+        return _doctor(uri, repair)
+    except StoreError:
+        raise
+    except Exception as exc:  # lancedb and the OS raise many types; the user needs one line
+        if read_only_error(exc) and not repair:  # doctor only reads: a part of the store it may not read
+            raise StoreError(f"part of the store at {shown_uri(uri)} cannot be read by this user (permission "
+                             "denied); run doctor as a user who may read it, or make the folder readable") from exc
+        raise StoreError(_store_problem(uri, "", exc).replace(f"; run `mfs-nb doctor --store {shown_uri(uri)}`",
+                                                              "")) from exc
+
+
+def _doctor(uri: str, repair: bool) -> tuple[list[str], bool]:
     tables = table_report(uri)
     if not tables:
         return [f"no tables at {uri}: nothing to check"], True

@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import search as S
-from .errors import InputError
+from .errors import InputError, StoreError
 from .events import Event
 from .search import Hit, Results
-from .store import now_iso
+from .store import now_iso, read_only_error
 
 if TYPE_CHECKING:
     from .host import Host
@@ -157,8 +157,13 @@ class Indexer:
             try:
                 self.catch_up()
             except Exception as exc:  # the index is derived data: a failure costs nothing in the log
-                self._note(f"indexing paused ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
-                           "search answers from what is indexed")
+                if isinstance(exc, StoreError) and read_only_error(exc) and not self.s.store.writable():
+                    pass  # a read-only store: every search says so itself (`search`)
+                elif isinstance(exc, StoreError):
+                    self._note(f"indexing paused ({exc}); search answers from what is indexed")
+                else:
+                    self._note(f"indexing paused ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                               "search answers from what is indexed")
             finally:
                 if not self._wake.is_set():
                     self._idle.set()
@@ -426,9 +431,14 @@ class Indexer:
         notices: list[str] = []
         progress = self.progress()
         if progress["text_upto"] < self._last_uid():
-            self.kick(force=True)
-            notices.append(f"indexed up to uid {progress['text_upto']} of {self._last_uid()}: the newer "
-                           "events are searched by their words directly while indexing continues")
+            if not self.s.store.writable():  # nothing can be indexed there: no thread that fails, say so
+                notices.append(f"indexed up to uid {progress['text_upto']} of {self._last_uid()}: the store at "
+                               f"{self.s.store.shown} is read-only, so the index cannot grow there and the newer "
+                               "events are searched by their words directly")
+            else:
+                self.kick(force=True)
+                notices.append(f"indexed up to uid {progress['text_upto']} of {self._last_uid()}: the newer "
+                               "events are searched by their words directly while indexing continues")
         roles = [role] if isinstance(role, str) else list(role or [])
         info: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, uid) -> its best row
         ranked: dict[str, list[tuple[str, int]]] = {}

@@ -276,6 +276,33 @@ def _scrub(text: str) -> str:
     return re.sub(r"(?i)\b(signature|credential|token|secret|password|sig|key)=[^&\s\"]+", r"\1=***", text)
 
 
+def read_only_error(exc: BaseException) -> bool:
+    """Whether `exc` (or its cause) says the store cannot be written: a read-only file system, or a
+    folder this user may not write (EROFS, EACCES, EPERM), however lance or the OS words it."""
+    import errno
+
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return True
+        if isinstance(exc, PermissionError) or re.search(
+                r"read-only file system|permission denied|operation not permitted|os error (30|13|1)\b", str(exc), re.I):
+            return True
+        exc = exc.__cause__  # type: ignore[assignment]
+    return False
+
+
+@contextmanager
+def _unwritable(uri: str, what: str) -> Iterator[None]:
+    """An OSError that says the store cannot be written becomes a `StoreError` with one line; any
+    other error passes as it is."""
+    try:
+        yield
+    except OSError as exc:
+        if not read_only_error(exc):
+            raise
+        raise StoreError(_store_problem(uri, what, exc)) from exc
+
+
 def _store_problem(uri: str, table: str, exc: BaseException) -> str:
     """One line for a store that cannot be read or written, naming the store but never a secret."""
     full = _scrub(" ".join(f"{exc} {exc.__cause__ or ''}".split()))
@@ -294,8 +321,17 @@ def _store_problem(uri: str, table: str, exc: BaseException) -> str:
         endpoint = os.environ.get("AWS_ENDPOINT_URL") or "the provider's endpoint"
         return (f"{where}: {endpoint} cannot be reached (refused or timed out); check the endpoint "
                 "(AWS_ENDPOINT_URL) and the network, then re-run")
-    if isinstance(exc, PermissionError) or re.search(r"read-only|permission denied|os error 30|os error 13", text, re.I):
-        return f"{where} is read-only: open it from a writable folder or copy it (MFS_STORE=…) ({text})"
+    if read_only_error(exc):
+        what = (f", {table}" if table.endswith(" folder") else f", table {table}") if table else ""
+        if re.search(r"read-only file system|os error 30", full, re.I):
+            said = f"is read-only (a read-only file system{what})"
+        else:
+            said = f"is read-only or not accessible to this user (permission denied{what})"
+        return (f"the store at {uri} {said}: nothing new can be saved there; make the folder writable, or set "
+                "MFS_STORE to a writable folder (a copy of this one keeps its sessions)")
+    if "://" not in uri and Path(uri).exists() and not Path(uri).is_dir():
+        return (f"{uri} is a file, not a store folder: set MFS_STORE (or --store) to the folder that holds the "
+                "store's tables, or to a new folder")
     if re.search(r"no space|os error 28|disk full|quota", text, re.I):
         return f"{where}: the disk is full; free space and re-run (nothing acknowledged was lost) ({text})"
     return f"{where} cannot be read or written ({text}); run `mfs-nb doctor --store {uri}`"
@@ -366,11 +402,35 @@ class Store:
         store itself (one place for everything, nothing left on the machine that wrote it)."""
         from .snapshots import Folder
 
-        return Folder(self.uri) if self.is_local else TableFiles(self)
+        if not self.is_local:
+            return TableFiles(self)
+        uri = self.uri
+
+        class LocalFiles(Folder):
+            """A folder whose writes on a read-only store say so in one line (`StoreError`)."""
+
+            def touch(self, rel: str) -> None:
+                with _unwritable(uri, "attachments folder"):
+                    super().touch(rel)
+
+            def put(self, rel: str, data: bytes) -> None:
+                with _unwritable(uri, "attachments folder"):
+                    super().put(rel, data)
+
+            def remove(self, rel: str) -> None:
+                with _unwritable(uri, "attachments folder"):
+                    super().remove(rel)
+
+        return LocalFiles(uri)
 
     @property
     def is_local(self) -> bool:
         return "://" not in self.uri
+
+    def writable(self) -> bool:
+        """Whether this process may write the store's folder (a read-only mount, or a folder of another
+        user, says no); a store on object storage is taken as writable (a write says otherwise)."""
+        return not self.is_local or os.access(self.uri, os.W_OK)
 
     def _check_core_tables(self) -> None:
         """A store that has tables but lacks the events or sessions table is damaged: say so, naming
@@ -392,8 +452,11 @@ class Store:
         except (FileNotFoundError, ValueError):
             try:
                 return _create(self._db, name, schema, stable_ids=stable_ids)
-            except Exception:  # another kernel created it between our two calls (a commit conflict on S3)
-                return self._db.open_table(name)
+            except Exception as exc:  # another kernel created it between our two calls (a commit conflict on S3)
+                try:
+                    return self._db.open_table(name)
+                except Exception:  # it was not that: say why it could not be created (a read-only store)
+                    raise StoreError(_store_problem(self.uri, name, exc)) from exc
 
     # -- events: append only -------------------------------------------------------------
     def append_events(self, events: Iterable[Event], writer: str) -> None:
@@ -470,7 +533,11 @@ class Store:
         if not self.is_local or fcntl is None:
             yield False
             return
-        with open(Path(self.uri) / ".events.lock", "a+b") as fh:
+        try:  # a read-only or unwritable store fails here, before anything is written
+            fh = open(Path(self.uri) / ".events.lock", "a+b")  # noqa: SIM115 (closed by the with below)
+        except OSError as exc:
+            raise StoreError(_store_problem(self.uri, "events", exc)) from exc
+        with fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 yield True
@@ -837,11 +904,23 @@ class Store:
         return out
 
     # -- recall index (DESIGN §5): text rows with full-text indexes, vectors per embedding model ----
-    def _recall_text(self) -> Any:
+    def _recall_text(self, create: bool = True) -> Any:
+        """The text table of the recall index; without `create`, None when it does not exist (a search
+        of a store that was never indexed, which may be read-only, finds nothing instead of failing)."""
         if getattr(self, "_recall_text_table", None) is None:
             with self._lock:
-                table = self._table(RECALL_TEXT, RECALL_TEXT_SCHEMA)
-                _ensure_text_indexes(table)
+                if create:
+                    table = self._table(RECALL_TEXT, RECALL_TEXT_SCHEMA)
+                else:
+                    try:
+                        table = self._db.open_table(RECALL_TEXT)
+                    except (FileNotFoundError, ValueError):
+                        return None
+                try:
+                    _ensure_text_indexes(table)
+                except Exception as exc:
+                    if create or not read_only_error(exc):
+                        raise
                 self._recall_text_table = table
         return self._recall_text_table
 
@@ -869,21 +948,23 @@ class Store:
         """Text rows of the recall index (idempotent on their key): the columns of RECALL_TEXT_SCHEMA only,
         so an older table's `words` stays empty."""
         if rows:
-            table = self._recall_text()
-            rows = [{k: r.get(k) for k in RECALL_TEXT_SCHEMA.names} for r in rows]
-            table.merge_insert("key").when_not_matched_insert_all().execute(
-                pa.Table.from_pylist(rows, schema=table.schema))
+            with self._writing(RECALL_TEXT):
+                table = self._recall_text()
+                rows = [{k: r.get(k) for k in RECALL_TEXT_SCHEMA.names} for r in rows]
+                table.merge_insert("key").when_not_matched_insert_all().execute(
+                    pa.Table.from_pylist(rows, schema=table.schema))
 
     def index_vectors(self, model_id: str, rows: list[dict[str, Any]]) -> None:
         """Vector rows (same keys as the text rows) into the table of `model_id`; written once."""
         if not rows:
             return
         dim = len(rows[0]["vector"])
-        table = self._recall_vectors(model_id, dim)
-        schema = table.schema
-        if schema.field("vector").type.list_size != dim:
-            raise StoreError(f"vectors of {model_id} have {dim} dims, the table holds another size; nothing written")
-        table.merge_insert("key").when_not_matched_insert_all().execute(pa.Table.from_pylist(rows, schema=schema))
+        with self._writing(recall_vectors_name(model_id)):
+            table = self._recall_vectors(model_id, dim)
+            schema = table.schema
+            if schema.field("vector").type.list_size != dim:
+                raise StoreError(f"vectors of {model_id} have {dim} dims, the table holds another size; nothing written")
+            table.merge_insert("key").when_not_matched_insert_all().execute(pa.Table.from_pylist(rows, schema=schema))
 
     def _recall_latent(self, model_id: str, create: bool = False) -> Any:
         """The latent-terms table of one embedding model (None when it does not exist and not `create`)."""
@@ -906,11 +987,12 @@ class Store:
         The weights are written as `_LATENT_STEPS` steps of the row's largest (`scale`), where the
         table has that column."""
         if rows:
-            table = self._recall_latent(model_id, create=True)
-            if "scale" in table.schema.names:
-                rows = [r | _quantized(r["weights"]) for r in rows]
-            table.merge_insert("key").when_not_matched_insert_all().execute(
-                pa.Table.from_pylist(rows, schema=table.schema))
+            with self._writing(recall_latent_name(model_id)):
+                table = self._recall_latent(model_id, create=True)
+                if "scale" in table.schema.names:
+                    rows = [r | _quantized(r["weights"]) for r in rows]
+                table.merge_insert("key").when_not_matched_insert_all().execute(
+                    pa.Table.from_pylist(rows, schema=table.schema))
 
     def latent_rows(self, model_id: str, where: str, uids: list[int]) -> list[dict[str, Any]]:
         """The latent-term rows of these uids (events and segments that start there) under a search's filter."""
@@ -934,27 +1016,39 @@ class Store:
     def recall_states(self, session: str, model_ids: list[str]) -> dict[str, tuple[int, int]]:
         """`recall_state` of several models in one read (a search asks for the text and vector sides)."""
         keys = ", ".join(_quote(session + chr(31) + m) for m in model_ids)
-        rows = self._recall_state().search().where(f"key IN ({keys})").limit(len(model_ids)).to_list()
+        table = self._recall_state(create=False)
+        rows = [] if table is None else table.search().where(f"key IN ({keys})").limit(len(model_ids)).to_list()
         found = {r["model"]: (int(r["events_upto"]), int(r["segments_upto"])) for r in rows}
         return {m: found.get(m, (0, 0)) for m in model_ids}
 
-    def _recall_state(self) -> Any:
-        if getattr(self, "_recall_state_table", None) is None:  # opened once: every search reads it
+    def _recall_state(self, create: bool = True) -> Any:
+        """The watermarks' table, opened once (every search reads it); without `create`, None when it
+        does not exist (nothing indexed yet: a read-only store is read, not changed)."""
+        if getattr(self, "_recall_state_table", None) is None:
             with self._lock:
-                self._recall_state_table = self._table(RECALL_STATE, RECALL_STATE_SCHEMA)
+                if create:
+                    self._recall_state_table = self._table(RECALL_STATE, RECALL_STATE_SCHEMA)
+                else:
+                    try:
+                        self._recall_state_table = self._db.open_table(RECALL_STATE)
+                    except (FileNotFoundError, ValueError):
+                        return None
         return self._recall_state_table
 
     def save_recall_state(self, session: str, model_id: str, events_upto: int, segments_upto: int) -> None:
         """One watermark per (session, model); model "" is the text (full-text) side."""
-        table = self._recall_state()
         row = {"key": session + "\x1f" + model_id, "session": session, "model": model_id,
                "events_upto": int(events_upto), "segments_upto": int(segments_upto), "updated_at": now_iso()}
-        table.merge_insert("key").when_matched_update_all().when_not_matched_insert_all().execute(
-            pa.Table.from_pylist([row], schema=RECALL_STATE_SCHEMA))
+        with self._writing(RECALL_STATE):
+            table = self._recall_state()
+            table.merge_insert("key").when_matched_update_all().when_not_matched_insert_all().execute(
+                pa.Table.from_pylist([row], schema=RECALL_STATE_SCHEMA))
 
     def search_text(self, where: str, query: str, cjk: bool, limit: int) -> list[dict[str, Any]]:
         """Full-text search on the word column (or the CJK n-gram column), filtered first."""
-        table = self._recall_text()
+        table = self._recall_text(create=False)
+        if table is None:  # nothing was ever indexed
+            return []
         column = "cjk" if cjk else "text"
         cols = ["key", "kind", "uid", "uid_to", "turn", "role", "chunk", "text", "_score"]
         try:
@@ -962,7 +1056,11 @@ class Store:
                     .select(cols).limit(limit).to_list())
         except ValueError as exc:  # e.g. a query the parser rejects: no full-text answer, not a crash
             if "index" in str(exc).lower() and "not" in str(exc).lower():
-                _ensure_text_indexes(table)
+                try:
+                    _ensure_text_indexes(table)
+                except Exception as inner:  # a read-only store: no full-text answer until it is writable
+                    if not read_only_error(inner):
+                        raise
             return []
 
     def search_vectors(self, model_id: str, where: str, vector: list[float], limit: int,
@@ -979,9 +1077,10 @@ class Store:
 
     def index_texts(self, keys: list[str]) -> dict[str, str]:
         """The text of index rows by key (for snippets of hits that only the vector side found)."""
-        if not keys:
+        table = self._recall_text(create=False) if keys else None
+        if table is None:
             return {}
-        rows = (self._recall_text().search().where(f"key IN ({', '.join(_quote(k) for k in keys)})")
+        rows = (table.search().where(f"key IN ({', '.join(_quote(k) for k in keys)})")
                 .select(["key", "text"]).limit(len(keys)).to_list())
         return {r["key"]: r["text"] for r in rows}
 
