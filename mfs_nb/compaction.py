@@ -634,6 +634,8 @@ class Compactor:
         notices: list[str] = []
         made: list[Segment] = []
         llm_tokens = 0
+        digests: list[Segment] = []  # committed as the zero-LLM digest because the summary was not smaller
+        stuck: str | None = None  # at the hard tier and not even the digest made the payload smaller: why
         started = time.monotonic()
         upgraded = self.upgrade_last_degraded(effective)
         if upgraded:
@@ -643,8 +645,11 @@ class Compactor:
             made.append(ready[0])
             llm_tokens += ready[1].get("llm_tokens", 0)
             notices += self._notes(ready[0], ready[1], tier)
+        wider: list[Event] = []  # at the hard line, after a range not even the digest made smaller: all of it
+        widened = False
         while not only_ready and s.usage().tokens >= coldrange.TARGET_AFTER * effective or manual and not made:
-            events, why = self.choose(effective, small_ok=manual)
+            events, why = (wider, "") if wider else self.choose(effective, small_ok=manual)
+            wider = []
             if not events and s.usage().tier == "hard":
                 events, why = self.choose(effective, emergency=True)
             if not events:
@@ -658,12 +663,26 @@ class Compactor:
             segment, info = self.make(seq, events, effective, focus)
             llm_tokens += info.get("llm_tokens", 0)
             now, then = self.payload_with(segment)
+            over = tier == "hard" or now >= effective
+            if then >= now and over and not segment.degraded:
+                # the hard tier always ends below the window (issue 39): a summary that does not make
+                # the payload smaller gives way to the zero-LLM digest of the same range
+                seq, segment, info = self._digest_instead(seq, segment, events, effective, tier, reason, now, then)
+                now, then = self.payload_with(segment)
             if then >= now:
                 # a segment that does not make the payload smaller is not committed (issue 17)
                 s.store.append_compaction(s.name, seq, "aborted", {"reason": "not_smaller", "tokens": [now, then]})
                 s.log("skip", tier=tier, reason="not_smaller", trigger=reason, tokens_before=now, tokens_after=then,
                        uid_from=segment.uid_from, uid_to=segment.uid_to)
-                if not made:
+                if over:  # the terminal chain below takes over; its notice says what happened
+                    stuck = "" if info.get("fallback") else str(info.get("error") or "")
+                    if not widened:  # once: the whole raw history but the current turn, where a capped guide pays
+                        widened = True
+                        wider = self.choose(effective, emergency=True)[0]
+                        if len(wider) > len(events):
+                            continue
+                        wider = []
+                elif not made:
                     tokens = sum(seg.event_tokens(e) for e in events)
                     notices.append(lang.text("not_worth", self.language(events[-1].uid), n=len(events),
                                              tokens=human(tokens), now=human(now), then=human(then)))
@@ -676,10 +695,28 @@ class Compactor:
                 break
             s.store.append_compaction(s.name, seq, "finished", {})
             made.append(segment)
-            notices += self._notes(segment, info, tier)
+            stuck = None  # a range starts at the oldest raw event: this one covers any that stayed raw
+            if info.get("fallback"):
+                digests.append(segment)
+                s.log("degraded", tier=tier, seq=segment.id, reason="not_smaller", error=info.get("error", ""),
+                      uid_from=segment.uid_from, uid_to=segment.uid_to)
+            else:
+                notices += self._notes(segment, info, tier)
             manual = False
+        merged: list[str] = []
+        evicted: list[Segment] = []
         if made:
             merged, evicted = self.settle_block(effective, tier)
+        fell_back: list[Segment] = []
+        if (digests or stuck is not None) and s.usage().tier == "hard":
+            # still at the hard line, a reply away from the window: the terminal chain to its end
+            sunk, fell_back = self.to_window(effective, tier)
+            merged += sunk
+        if digests or fell_back or (stuck is not None and not made):
+            notices.append(self._fallback_note(digests, stuck, fell_back, s.usage().tokens < effective))
+            if not made and (merged or fell_back):
+                self.last_compaction_call = self.calls  # the payload was rewritten: a compaction event
+        if made:
             after = s.usage()
             self.last_compaction_call = self.calls
             uid_from, uid_to = made[0].uid_from, made[-1].uid_to
@@ -687,7 +724,7 @@ class Compactor:
             s.log("compaction", tier=tier, trigger=reason, tokens_before=before.tokens, tokens_after=after.tokens,
                    llm_tokens=llm_tokens, uid_from=uid_from, uid_to=uid_to, segments=[x.id for x in made],
                    degraded=any(x.degraded for x in made), duration_s=round(time.monotonic() - started, 3),
-                   evicted=[x.id for x in evicted])
+                   evicted=[x.id for x in evicted + fell_back])
             notices.insert(0, lang.text("compacted", self.language(uid_to), **dict(zip(
                 ("before", "after"), human_pair(before.tokens, after.tokens))), ids=ids, a=uid_from, b=uid_to))
             notices += merged
@@ -695,6 +732,85 @@ class Compactor:
                 notices.append(f"the oldest {len(evicted)} segment map{'s' if len(evicted) > 1 else ''} left the "
                                f"payload (uids {evicted[0].uid_from}–{evicted[-1].uid_to} stay recallable)")
         return notices
+
+    def _digest_instead(self, seq: int, summary: Segment, events: list[Event], effective: int, tier: str,
+                        reason: str, now: int, then: int) -> tuple[int, Segment, dict[str, Any]]:
+        """The hard tier's answer to a summary that would not make the payload smaller (a model that
+        ignored the target length): the summary's protocol number is aborted, and the zero-LLM digest
+        of the same range is made under the next one (started → summary_completed → declared →
+        finished, as any compaction). Returns (seq, digest, info) for the caller to check and commit."""
+        s = self.s
+        s.store.append_compaction(s.name, seq, "aborted", {"reason": "not_smaller", "tokens": [now, then],
+                                                            "fallback": "degraded"})
+        s.log("skip", tier=tier, reason="not_smaller", trigger=reason, tokens_before=now, tokens_after=then,
+              uid_from=summary.uid_from, uid_to=summary.uid_to, fallback="degraded")
+        seq = self.next_seq()
+        self._start(seq, {"trigger": reason, "tier": tier, "uid_from": events[0].uid, "uid_to": events[-1].uid,
+                          "fallback": "not_smaller"})
+        digest = seg.build(seq, events, None, effective)
+        error = f"the summary would not make the payload smaller ({now} → {then} tokens)"
+        s.store.append_compaction(s.name, seq, "summary_completed", {
+            "content": digest.prose, "covered": [digest.uid_from, digest.uid_to], "tokens": digest.tokens,
+            "degraded": True, "envelope": None, "error": error})
+        return seq, digest, {"fallback": True, "error": error, "llm_tokens": 0}
+
+    def to_window(self, effective: int, tier: str) -> tuple[list[str], list[Segment]]:
+        """The terminal chain to its end, for a payload still at the hard line after a summary that was
+        not smaller: the deterministic sink (when it makes the block smaller), then the oldest maps
+        leave — the newest too, if need be — until the payload is under the hard line (so below the
+        usable window, `effective`, with room for the reply) or no map is left. Returns (the sink's
+        notices, the segments evicted). Their uids stay recallable."""
+        notices: list[str] = []
+        run = terminal.sink_run(self.segments)
+        note = self._merge(run, effective, tier, sink=True) if run else None
+        if note:
+            notices.append(note)
+        if self.s.usage().tier != "hard" or not self.segments or not self.lease.valid():
+            return notices, []
+        saved = (list(self.segments), list(self.evicted))
+        try:
+            block_before = con.block_tokens(self.segments)
+            gone: list[Segment] = []
+            usage = self.s.usage()
+            while usage.tier == "hard" and self.segments:
+                gone.append(self.segments[0])
+                self._honour({"type": "evict", "segment_ids": [self.segments[0].id]})
+                usage = self.s.usage()
+            seq = self.next_seq()
+            ids = [x.id for x in gone]
+            self._start(seq, {"trigger": "evict", "segment_ids": ids})
+            self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "evict", "segment_ids": ids})
+        except Exception:
+            self.segments, self.evicted = saved  # this kernel's view stays what the store declares
+            raise
+        self.s.store.append_compaction(self.s.name, seq, "finished", {})
+        self.s.log("eviction", segments=ids, uid_from=gone[0].uid_from, uid_to=gone[-1].uid_to,
+                   block_before=block_before, block_after=con.block_tokens(self.segments),
+                   payload_after=usage.tokens, window=usage.window, within=usage.tokens < effective,
+                   reason="over_window")
+        return notices, gone
+
+    @staticmethod
+    def _fallback_note(digests: list[Segment], stuck: str | None, gone: list[Segment], within: bool) -> str:
+        """The one notice of a hard-tier compaction whose summary was not smaller: what was kept instead.
+        `digests`: what was committed instead; `stuck`: None, or why a range stayed raw because even its
+        digest was not smaller ("" after a summary that was not smaller, the summarizer's error after a failure)."""
+        if digests:
+            ids = f"#{digests[0].id}" if len(digests) == 1 else f"#{digests[0].id}–#{digests[-1].id}"
+            text = ("the summary was longer than what it replaced; kept a shorter automatic digest instead "
+                    f"(segment{'s' if len(digests) > 1 else ''} {ids}: verbatim heads, tails and fact lines)")
+        elif stuck:
+            text = (f"summarizer unavailable ({_short(stuck)}), and the automatic digest was not smaller than what "
+                    "it would replace; those messages stay as they were")
+        else:
+            text = ("the summary was longer than what it replaced, and so was the automatic digest; those messages "
+                    "stay as they were")
+        if gone:
+            text += (f"; to fit the usable window, {len(gone)} segment map{'s' if len(gone) > 1 else ''} "
+                     f"left the payload (uids {gone[0].uid_from}–{gone[-1].uid_to} stay recallable)")
+        if not within:
+            text += "; the context is still over the usable window, and nothing older is left to take out"
+        return text
 
     def _notes(self, segment: Segment, info: dict[str, Any], tier: str) -> list[str]:
         """Ledger rows and notices for a degraded segment and for the breaker opening (once)."""
