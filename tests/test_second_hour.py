@@ -5,7 +5,11 @@ through nbclient and ipykernel. No cell may show a traceback, and the same model
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -24,9 +28,28 @@ def _message(i: int) -> str:
             "Please keep the numbers exactly as I wrote them; " + "background detail. " * 25)
 
 
-def _run(cells: list[str], tmp_path: Path) -> list[tuple[str, list[dict]]]:
+def _read_only_kernel(tmp_path: Path, store: Path) -> str | None:
+    """A kernel spec whose kernel sees `store` through a read-only bind mount in a mount namespace of
+    its own (root only); None, with the reason printed, where this machine cannot make one."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        print("read-only stage skipped: needs root and unshare")
+        return None
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && ! touch "$0/x"',
+                            str(store)], capture_output=True)
+    if probe.returncode:
+        print(f"read-only stage skipped: cannot bind-mount read-only here ({probe.stderr.decode().strip()})")
+        return None
+    spec = tmp_path / "jupyter" / "kernels" / "readonly"
+    spec.mkdir(parents=True)
+    argv = ["unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(store),
+            sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec / "kernel.json").write_text(json.dumps({"argv": argv, "display_name": "ro", "language": "python"}))
+    return "readonly"
+
+
+def _run(cells: list[str], tmp_path: Path, kernel: str = "python3") -> list[tuple[str, list[dict]]]:
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    NotebookClient(nb, timeout=300, kernel_name="python3", allow_errors=True,
+    NotebookClient(nb, timeout=300, kernel_name=kernel, allow_errors=True,
                    resources={"metadata": {"path": str(tmp_path)}}).execute()
     return [(c.source, c.get("outputs", [])) for c in nb.cells]
 
@@ -71,13 +94,25 @@ def test_a_scripted_second_hour_has_no_traceback_and_one_model(tmp_path, monkeyp
         ran = _run(first, tmp_path)
         restart = _run(["%load_ext mfs_nb", "%%chat\nAfter the restart: which host did we measure first?",
                         "%mfs status", '%recall "nightly backup"'], tmp_path)
+        kernel = _read_only_kernel(tmp_path, tmp_path / ".mfs")
+        readonly = []
+        if kernel:  # the same store, read-only: reads work, a write is one line, nothing is lost
+            monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+            readonly = _run(["%load_ext mfs_nb", "%%chat\nis this saved?", '%recall "nightly backup"', "%recall 1",
+                             "%mfs status", "%context", "%%chat"], tmp_path, kernel)
     finally:
         provider.close()
-    for source, outputs in ran + restart:
+    if readonly:
+        texts = [_text(o) for _, o in readonly]
+        assert texts[1].count("mfs: ") == 1 and "read-only" in texts[1], texts[1]
+        assert "Turn 1: about the staging database" in texts[3]  # the fork keeps the originals
+        assert "nightly backup" in texts[2]
+    for source, outputs in ran + restart + readonly:
         text = _text(outputs)
         assert "Traceback" not in text and "ERROR " not in text, (source, text)
         assert not any(o.get("output_type") == "error" for o in outputs), source
-        if source.startswith("%%chat") and source.strip() != "%%chat" and source.split("\n", 1)[1].strip():
+        if (source.startswith("%%chat") and source.strip() != "%%chat" and source.split("\n", 1)[1].strip()
+                and (source, outputs) not in readonly):
             assert "the fake model answers this turn" in text, (source[:60], text)
             assert "No model is configured" not in text
     # bad input and the empty cells: one line each
