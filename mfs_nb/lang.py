@@ -61,6 +61,20 @@ _TEXT: dict[str, tuple[str, str]] = {
     "calls": ("calls {names}", "调用 {names}"),
     "nothing_to_summarize": ("- (nothing to summarize)", "- （没有可摘要的内容）"),
     "nothing_to_merge": ("- (nothing to merge)", "- （没有可合并的内容）"),
+    # labels inside the user-verbatim track (origin.py): quoted AI output, documents, the dropped note
+    "quoted": ("[quoted AI] the user pasted {chars:,} chars {origin} (first line: {first_line}); "
+               "recall_history({uid}) returns the text",
+               "[引用的 AI 输出] 用户粘贴了 {chars:,} 个字符，{origin}（首行：{first_line}）；recall_history({uid}) 可取回原文"),
+    "quoted_from_reply": ("from reply #{reply}", "来自回复 #{reply}"),
+    "quoted_from_ai": ("from an AI reply", "来自一条 AI 回复"),
+    "quoted_note": ("[quoted AI + the user's note]", "[引用的 AI 输出 + 用户的附言]"),
+    "quoted_note_from": ("[quoted AI from reply #{reply} + the user's note]", "[引用的 AI 输出（来自回复 #{reply}）+ 用户的附言]"),
+    "document_snapshot": ("[document] {path} ({chars:,} chars, first line: {first_line})",
+                          "[文档] {path}（{chars:,} 个字符，首行：{first_line}）"),
+    "document": ("[document] {chars:,} chars, first line: {first_line}; recall_history({uid}) returns it",
+                 "[文档] {chars:,} 个字符，首行：{first_line}；recall_history({uid}) 可取回"),
+    "verbatim_dropped": ("[older user messages #{lo}–#{hi} left this track for its budget; recall_history returns them]",
+                         "[较早的用户消息 #{lo}–#{hi} 因预算移出本轨道；recall_history 可取回]"),
     "budget_note": ("[context {share} of the usable window · compaction at {line}]",
                     "[上下文已占可用窗口的 {share} · 压缩线 {line}]"),
     # user-facing notices

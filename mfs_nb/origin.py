@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from . import lang
 from .tokens import newest_within
 
 OWN, QUOTE, QUOTE_NOTE, DOCUMENT = "own", "quote", "quote+note", "document"
@@ -263,21 +264,39 @@ def classify(text: str, recent: Sequence[tuple[int, str]], embed: Callable[[list
 
 
 # -- the track ---------------------------------------------------------------------------------
-def render_entry(uid: int, v: Verdict) -> str:
-    """One line (or block) of the track; the same verdict always renders the same bytes."""
-    docs = [f"[document] {d['path']} ({d['chars']:,} chars, first line: {d['first_line']})" for d in v.snapshots]
+class Entry(str):
+    """A rendered line (or block) of the track that keeps its verdict, so that `build_track` can
+    render it again in the track's language (a caller renders entries before it knows that)."""
+
+    uid: int
+    verdict: Verdict
+    language: str
+
+    def __new__(cls, text: str, uid: int, verdict: Verdict, language: str = "") -> Entry:
+        entry = super().__new__(cls, text)
+        entry.uid, entry.verdict, entry.language = uid, verdict, language
+        return entry
+
+
+def render_entry(uid: int, v: Verdict, language: str = "") -> Entry:
+    """One line (or block) of the track, its labels in `language` (lang.py); the same verdict in
+    the same language always renders the same bytes."""
+    docs = [lang.text("document_snapshot", language, path=d["path"], chars=d["chars"], first_line=d["first_line"])
+            for d in v.snapshots]
     if v.disposition == QUOTE:
-        origin = f"from reply #{v.quoted_uid}" if v.quoted_uid else "from an AI reply"
-        return (f"[#{uid}] [quoted AI] the user pasted {v.chars:,} chars {origin} "
-                f"(first line: {v.first_line}); recall_history({uid}) returns the text")
+        origin = (lang.text("quoted_from_reply", language, reply=v.quoted_uid) if v.quoted_uid
+                  else lang.text("quoted_from_ai", language))
+        out = lang.text("quoted", language, chars=v.chars, origin=origin, first_line=v.first_line, uid=uid)
+        return Entry(f"[#{uid}] {out}", uid, v, language)
     if v.disposition == QUOTE_NOTE:
-        origin = f" from reply #{v.quoted_uid}" if v.quoted_uid else ""
-        return f"[#{uid}] [quoted AI{origin} + the user's note]\n{v.own_text}"
+        label = (lang.text("quoted_note_from", language, reply=v.quoted_uid) if v.quoted_uid
+                 else lang.text("quoted_note", language))
+        return Entry(f"[#{uid}] {label}\n{v.own_text}", uid, v, language)
     if v.disposition == DOCUMENT and not docs:
-        return (f"[#{uid}] [document] {v.chars:,} chars, first line: {v.first_line}; "
-                f"recall_history({uid}) returns it")
+        out = lang.text("document", language, chars=v.chars, first_line=v.first_line, uid=uid)
+        return Entry(f"[#{uid}] {out}", uid, v, language)
     parts = ([v.own_text] if v.own_text.strip() else []) + docs
-    return f"[#{uid}] " + "\n".join(parts)
+    return Entry(f"[#{uid}] " + "\n".join(parts), uid, v, language)
 
 
 @dataclass(frozen=True)
@@ -296,15 +315,15 @@ def build_track(entries: Sequence[tuple[int, str]], upto: int, budget: int,
     """Newest entries first until the budget is spent; the older rest is named as recallable."""
     if not entries:
         return None
-    from .lang import text
-
-    header = text("verbatim_caption", language, upto=upto)
+    header = lang.text("verbatim_caption", language, upto=upto)
+    # an entry rendered in another language is rendered again in the track's
+    entries = [(uid, render_entry(line.uid, line.verdict, language)
+                if isinstance(line, Entry) and line.language != language else line) for uid, line in entries]
     # room for the header and the note on dropped entries
     kept, dropped = newest_within(entries, budget - count_tokens(header) - 40, 2, count_tokens)
     lines = [header]
     if dropped:
-        lines.append(f"[older user messages #{dropped[0]}–#{dropped[1]} left this track for its budget; "
-                     "recall_history returns them]")
+        lines.append(lang.text("verbatim_dropped", language, lo=dropped[0], hi=dropped[1]))
     lines += [line for _, line in kept]
     text = "\n".join(lines)
     return Track(text, upto, tuple(uid for uid, _ in kept), dropped, count_tokens(text))

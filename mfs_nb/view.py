@@ -203,12 +203,16 @@ def project(
         layers.append(Layer("knowledge", None, None, count(msg, None, forms[-1]), messages=1))
     covered_to = 0
     if evicted:
+        from .lang import header_language
         from .segments import evicted_note
 
-        note = {"role": "user", "content": evicted_note(evicted)}
+        # in the language of the summaries that remain (each stores its own), else of the evicted history
+        language = (getattr(segments[0], "language", "") if segments
+                    else header_language([e for e in events if e.uid <= evicted[-1][1]]))
+        note = {"role": "user", "content": evicted_note(evicted, language)}
         messages.append(note)
         uids.append(None)
-        forms.append(f"evicted:{len(evicted)}:{evicted[-1][1]}")
+        forms.append(f"evicted:{len(evicted)}:{evicted[-1][1]}" + (f":{language}" if language else ""))
         layers.append(Layer("evicted", evicted[0][0], evicted[-1][1], count(note, None, forms[-1]), messages=1))
         covered_to = evicted[-1][1]
     for seg in segments:

@@ -1,6 +1,7 @@
 """A Chinese conversation reads in Chinese inside its segments and tracks (issue 39 item 9): every
-label in a segment's header, its fact list, the fact track and the offline summarizer's guide is
-Chinese, and topic words are real words — CJK character bigrams are never shown as topics."""
+label in a segment's header, its fact list, the fact track, the user-verbatim track, the eviction
+note and the offline summarizer's guide is Chinese (and the benchmark strips each of them), and
+topic words are real words — CJK character bigrams are never shown as topics."""
 
 from __future__ import annotations
 
@@ -127,3 +128,127 @@ def test_the_sink_guide_names_its_dropped_lines_in_chinese():
     prose = "\n".join(f"- 用户：第{i}周的番茄长到{10 + i}厘米" for i in range(40))
     first = bounded(prose, 60).splitlines()[0]
     assert first == lang.text("guide_dropped", lang.CHINESE, n=int(re.sub(r"\D", "", first)))
+
+
+# -- the user-verbatim track, the eviction note, the benchmark's stripping --------------------
+TRACK_ENGLISH = ("[quoted AI", "the user pasted", "[document]", "chars", "first line", "the user's note",
+                 "older user messages", "left this track", "returns the text", "returns it", "from reply",
+                 "from an AI reply")
+DOC = "# 部署日志\n" + "".join(f"第{i}步：worker {i} 在 45 秒后重启，原因是连接池耗尽。\n" for i in range(30))
+
+
+def _chinese_session(store_dir: str, **kw):
+    from conftest import FakeLLM
+
+    from mfs_nb import Session
+
+    s = Session("zh", store=store_dir, window_tokens=8000, llm=FakeLLM(), **kw)
+    for i in range(3):
+        s.record("user", _user(i), new_turn=True)
+        s.record("assistant", _assistant(i))
+    quoted = s.record_user(_assistant(2)[:150], quote=True).uid
+    s.record("assistant", "好的。")
+    noted = s.record_user(_assistant(2)[:150] + "\n---\n我不同意，傍晚浇水会招蚊子。", quote=True).uid
+    s.record("assistant", "明白。")
+    doc = s.record_user("第三节哪里出错了？", attached=[("部署日志.md", DOC)]).uid
+    s.record("assistant", "第三节的重启是连接池耗尽导致的。")
+    for i in range(3, 30):
+        s.record("user", f"第{i}周：番茄长到{10 + i}厘米了，接下来怎么办？", new_turn=True)
+        s.record("assistant", _assistant(i))
+    return s, quoted, noted, doc
+
+
+def _track(s) -> str:
+    view = s.send_view()
+    kinds = [x.kind for x in view.layers]
+    assert "verbatim" in kinds
+    return view.messages[kinds.index("verbatim")]["content"]
+
+
+def test_a_chinese_verbatim_track_labels_its_quotes_and_documents_in_chinese(store_dir):
+    from mfs_nb import origin
+
+    s, quoted, noted, doc = _chinese_session(store_dir)
+    s.compact()
+    assert s.compactor.covered_to > doc
+    text = _track(s)
+    assert text.startswith("[截至 #")
+    assert f"[#{quoted}] [引用的 AI 输出] 用户粘贴了 150 个字符，来自回复 #{quoted - 1}（首行：" in text
+    assert f"）；recall_history({quoted}) 可取回原文" in text
+    assert f"[#{noted}] [引用的 AI 输出（来自回复 #{quoted - 1}）+ 用户的附言]\n" in text
+    path = s.verbatim.verdicts[doc].snapshots[0]["path"]
+    assert f"[文档] {path}（{len(DOC):,} 个字符，首行：# 部署日志）" in text
+    for label in TRACK_ENGLISH:
+        assert label not in text, label
+    # the same verdicts render in English for an English track, and the length rule's document too
+    v = s.verbatim.verdicts[quoted]
+    assert origin.render_entry(quoted, v).startswith(f"[#{quoted}] [quoted AI] the user pasted 150 chars")
+    long = origin.Verdict(origin.DOCUMENT, "length", "", None, 0.0, 12345, "第一行")
+    assert origin.render_entry(9, long, lang.CHINESE) == "[#9] [文档] 12,345 个字符，首行：第一行；recall_history(9) 可取回"
+    assert origin.render_entry(9, long) == "[#9] [document] 12,345 chars, first line: 第一行; recall_history(9) returns it"
+
+
+def test_a_chinese_track_names_the_messages_it_left_out_in_chinese(store_dir):
+    s, *_ = _chinese_session(store_dir, verbatim_share=0.02)
+    s.compact()
+    built = s.track()
+    assert built is not None and built.dropped is not None
+    text = _track(s)
+    assert lang.text("verbatim_dropped", lang.CHINESE, lo=built.dropped[0], hi=built.dropped[1]) in text
+    for label in TRACK_ENGLISH:
+        assert label not in text, label
+
+
+def test_the_eviction_note_in_the_send_view_is_in_the_conversations_language():
+    from mfs_nb.view import project
+
+    events = _events(10)
+    view = project(events, "system", evicted=[(1, 4)])
+    assert view.messages[1]["content"] == lang.text("evicted", lang.CHINESE, spans="1–4")
+    seg = Segment(2, 5, 8, "- 浇水", "", language=lang.CHINESE)
+    view = project(events, "system", segments=[seg], evicted=[(1, 4)])
+    assert view.messages[1]["content"].startswith("[更早的历史（uid 1–4）已压缩")
+    assert view.forms[1] != project(events, "system", evicted=[(1, 4)], segments=[
+        Segment(2, 5, 8, "- 浇水", "")]).forms[1]  # the cached token count is keyed by the note's bytes
+    english = [Event(1, "s", 1, "user", "keep 64 workers", turn_start=True), Event(2, "s", 1, "assistant", "ok")]
+    assert project(english, "system", evicted=[(1, 2)]).messages[1]["content"].startswith("[earlier history, uids 1–2,")
+
+
+def test_the_benchmark_strips_the_chinese_labels_and_keeps_the_words():
+    from mfs_nb.bench import atoms
+
+    said = "阳台的番茄长到 12 厘米"
+    labels = [
+        lang.text("evicted", lang.CHINESE, spans="1–40, 52–60"),
+        lang.text("verbatim_caption", lang.CHINESE, upto=412),
+        lang.text("fact_caption", lang.CHINESE, upto=412),
+        lang.text("facts_label", lang.CHINESE),
+        *(lang.text(f"facts_{g}", lang.CHINESE) for g in ("errors", "commands", "calls", "files", "said")),
+        lang.text("facts_dropped", lang.CHINESE, lo=3, hi=140, what=lang.text("count_said", lang.CHINESE, n=7)),
+        lang.text("guide_dropped", lang.CHINESE, n=12),
+        lang.text("nothing_to_summarize", lang.CHINESE),
+        lang.text("nothing_to_merge", lang.CHINESE),
+        lang.text("verbatim_dropped", lang.CHINESE, lo=1, hi=233),
+    ]
+    for label in labels:
+        assert not atoms.strip_markup(label).strip(), label
+    for role in lang.SPEAKERS:
+        assert atoms.strip_markup(f"- {lang.speaker(role, lang.CHINESE)}{said} [#17]").split() == said.split()
+        assert atoms.strip_markup(f"- #17 {lang.speaker(role, lang.CHINESE)}{said}").split() == said.split()
+    quoted = lang.text("quoted", lang.CHINESE, chars=3428, first_line=said, uid=41,
+                       origin=lang.text("quoted_from_reply", lang.CHINESE, reply=40))
+    assert atoms.strip_markup(f"[#41] {quoted}").split() == [said.split()[0], "12", "厘米）；"]
+    from_ai = lang.text("quoted", lang.CHINESE, chars=3428, first_line=said, uid=41,
+                        origin=lang.text("quoted_from_ai", lang.CHINESE))
+    assert "3,428" not in atoms.strip_markup(from_ai) and "来自" not in atoms.strip_markup(from_ai)
+    for note in (lang.text("quoted_note", lang.CHINESE), lang.text("quoted_note_from", lang.CHINESE, reply=40)):
+        assert atoms.strip_markup(f"[#41] {note}\n{said}").split() == said.split()
+    doc = lang.text("document_snapshot", lang.CHINESE, path="attachments/ab12-部署.md", chars=9120, first_line=said)
+    assert "9,120" not in atoms.strip_markup(doc) and "文档" not in atoms.strip_markup(doc)
+    assert "attachments/ab12-部署.md" in atoms.strip_markup(doc) and said in atoms.strip_markup(doc)
+    pointer = lang.text("document", lang.CHINESE, chars=9120, first_line=said, uid=41)
+    stripped = atoms.strip_markup(pointer)
+    assert "9,120" not in stripped and "可取回" not in stripped and "recall_history" not in stripped and said in stripped
+    # what a person wrote with the same words stays
+    person = "用户：我们的助手工具在文档首行写了 3,428 个字符"
+    assert atoms.strip_markup(person) == person

@@ -31,7 +31,8 @@ Matching (`score`):
 
 1. the history and every payload pass through the same `strip_markup`, which removes exact
    templates of any strategy's decoration — uid tags, segment headers, track and fact-track
-   captions, recall handles, cleared/trimmed stubs, the honesty line — and nothing else;
+   captions, recall handles, cleared/trimmed stubs, the honesty line, each also in the Chinese a
+   Chinese conversation gets, and the Chinese speaker labels (``用户：``) — and nothing else;
 2. an atom is found only on word boundaries (``23`` is not inside ``123``; CJK characters beside
    a number do not break it); a number matches with or without the space before its unit;
 3. **in context**: an atom counts only where a word that stood within `WINDOW` words of it in the
@@ -113,7 +114,9 @@ def _tokens(text: str) -> tuple[list[str], list[int], list[int]]:
 # --- markup ----------------------------------------------------------------------------------
 
 # Exact templates of the decoration strategies put around what they keep, one list for all of
-# them. A template is anchored to its own wording; anything a person wrote stays.
+# them. A template is anchored to its own wording; anything a person wrote stays. A Chinese
+# conversation gets the engine's labels in Chinese (its `lang.py`): each has its Chinese form here,
+# written out, since this module imports nothing of the engine.
 _HONESTY = ("Everything below is compressed; the originals are no longer in context. For exact numbers, paths or "
             "quotes, call recall_history with the uid range in the header.")
 _HONESTY_ZH = ("以下内容均为压缩后的摘要，原文已不在上下文中。需要确切的数字、路径或原话时，请用标题中的 uid 范围调用 "
@@ -128,14 +131,22 @@ _TEMPLATES = [re.compile(p, re.M) for p in (
     r"^\[截至 #\d+ [^\n]*\]$",
     r"^\[segment #\d+ · uids \d+–\d+[^\n]*\]$",
     r"^\[earlier history, uids [\d–, ]+, was compressed[^\n]*\]$",
+    r"^\[更早的历史（uid [\d–, ]+）已压缩[^\n]*\]$",
     r"^\[the user's own words up to #\d+, verbatim[^\n]*\]$",
     r"^\[older user messages #\d+–#\d+ left this track[^\n]*\]$",
+    r"^\[较早的用户消息 #\d+–#\d+ 因预算移出本轨道[^\n]*\]$",
     r"^\[fact lines of the compacted history up to #\d+[^\n]*\]$",
     r"^\[working set and fact lines of the history up to #\d+[^\n]*\]$",
-    r"^(?:errors seen|commands run|files touched|said \(user and assistant\)):$",
+    r"^(?:errors seen|commands run|other tool calls|files touched|said \(user and assistant\)):$",
+    r"^(?:出现的错误|运行的命令|其他工具调用|涉及的文件|说过的话（用户与助手）)：$",
     r"^\[older fact lines of uids \d+–\d+ left for the budget[^\n]*\]$",
+    r"^\[uid \d+–\d+ 中较早的事实行因预算省略[^\n]*\]$",
     r"^- \(\d+ more fact lines dropped for the budget; recall the uid range\)$",
     r"^- \(\d+ older lines of this guide left for the budget\)$",
+    r"^- （本指南较早的 \d+ 行因预算省略）$",
+    r"^- \(nothing to (?:summarize|merge)\)$",
+    r"^- （没有可(?:摘要|合并)的内容）$",
+    r"^- (?:#\d+ )?(?:用户|助手|工具)：",  # a line's speaker in Chinese (the English `user: ` stays, as it did)
     r"^Facts \(verbatim\):$",
     r"^\[fact lines\]$",
     r"^\[summary of the earlier conversation\]$",
@@ -147,9 +158,14 @@ _TEMPLATES = [re.compile(p, re.M) for p in (
     r"\[no result was recorded for this tool call\]",
     r"\barguments of [\d,]+ chars; recall_history\(\d+, \d+\)",
     r"\[quoted AI(?: from reply #\d+)?(?: \+ the user's note)?\]",
+    r"\[引用的 AI 输出(?:（来自回复 #\d+）)?(?: ?\+ 用户的附言)?\]",
     r"the user pasted [\d,]+ chars (?:from reply #\d+|from an AI reply)",
+    r"用户粘贴了 [\d,]+ 个字符，(?:来自回复 #\d+|来自一条 AI 回复)",
     r"\[document\]",
+    r"\[文档\]",
     r"\((?:[\d,]+ chars, )first line: ",
+    r"（(?:[\d,]+ 个字符，)?首行：|[\d,]+ 个字符，首行：",
+    r"recall_history\(\d+(?:, \d+)?\) 可取回(?:原文)?",
     r"recall_history\(\d+(?:, \d+)?\)(?: returns (?:the text|it|them|the originals))?",
     r"\[#\d+(?: #\d+)*(?: \+\d+)?\]",
 )]
