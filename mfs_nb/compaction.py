@@ -466,7 +466,8 @@ class Compactor:
         merged = seg.merged(seq, members, events, prose, level, effective)
         if sink:  # the chain's end stays bounded: the whole map within SINK_SHARE of the block budget
             room = int(BLOCK_SHARE * effective * terminal.SINK_SHARE) - (merged.tokens - estimate_tokens(merged.prose))
-            merged = seg.merged(seq, members, events, terminal.bounded(prose, max(room, 60)), level, effective)
+            merged = seg.merged(seq, members, events, terminal.bounded(prose, max(room, 60), members[-1].language),
+                                level, effective)
         s.store.append_compaction(s.name, seq, "summary_completed", {
             "content": merged.prose, "covered": [merged.uid_from, merged.uid_to], "tokens": merged.tokens,
             "segment_ids": ids, "envelope": info.get("envelope"), "error": info.get("error")})

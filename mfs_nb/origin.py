@@ -264,21 +264,7 @@ def classify(text: str, recent: Sequence[tuple[int, str]], embed: Callable[[list
 
 
 # -- the track ---------------------------------------------------------------------------------
-class Entry(str):
-    """A rendered line (or block) of the track that keeps its verdict, so that `build_track` can
-    render it again in the track's language (a caller renders entries before it knows that)."""
-
-    uid: int
-    verdict: Verdict
-    language: str
-
-    def __new__(cls, text: str, uid: int, verdict: Verdict, language: str = "") -> Entry:
-        entry = super().__new__(cls, text)
-        entry.uid, entry.verdict, entry.language = uid, verdict, language
-        return entry
-
-
-def render_entry(uid: int, v: Verdict, language: str = "") -> Entry:
+def render_entry(uid: int, v: Verdict, language: str = "") -> str:
     """One line (or block) of the track, its labels in `language` (lang.py); the same verdict in
     the same language always renders the same bytes."""
     docs = [lang.text("document_snapshot", language, path=d["path"], chars=d["chars"], first_line=d["first_line"])
@@ -287,16 +273,16 @@ def render_entry(uid: int, v: Verdict, language: str = "") -> Entry:
         origin = (lang.text("quoted_from_reply", language, reply=v.quoted_uid) if v.quoted_uid
                   else lang.text("quoted_from_ai", language))
         out = lang.text("quoted", language, chars=v.chars, origin=origin, first_line=v.first_line, uid=uid)
-        return Entry(f"[#{uid}] {out}", uid, v, language)
+        return f"[#{uid}] {out}"
     if v.disposition == QUOTE_NOTE:
         label = (lang.text("quoted_note_from", language, reply=v.quoted_uid) if v.quoted_uid
                  else lang.text("quoted_note", language))
-        return Entry(f"[#{uid}] {label}\n{v.own_text}", uid, v, language)
+        return f"[#{uid}] {label}\n{v.own_text}"
     if v.disposition == DOCUMENT and not docs:
         out = lang.text("document", language, chars=v.chars, first_line=v.first_line, uid=uid)
-        return Entry(f"[#{uid}] {out}", uid, v, language)
+        return f"[#{uid}] {out}"
     parts = ([v.own_text] if v.own_text.strip() else []) + docs
-    return Entry(f"[#{uid}] " + "\n".join(parts), uid, v, language)
+    return f"[#{uid}] " + "\n".join(parts)
 
 
 @dataclass(frozen=True)
@@ -316,9 +302,6 @@ def build_track(entries: Sequence[tuple[int, str]], upto: int, budget: int,
     if not entries:
         return None
     header = lang.text("verbatim_caption", language, upto=upto)
-    # an entry rendered in another language is rendered again in the track's
-    entries = [(uid, render_entry(line.uid, line.verdict, language)
-                if isinstance(line, Entry) and line.language != language else line) for uid, line in entries]
     # room for the header and the note on dropped entries
     kept, dropped = newest_within(entries, budget - count_tokens(header) - 40, 2, count_tokens)
     lines = [header]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from . import lang
 from .segments import Segment
 from .tokens import estimate_tokens
 
@@ -43,9 +44,10 @@ def sink_prose(members: Sequence[Segment]) -> str:
     return "\n".join(lines)
 
 
-def bounded(prose: str, max_tokens: int) -> str:
-    """The sink's prose within `max_tokens`: its newest lines, and one line saying that older ones
-    left (the map still covers their uids; recall_history returns the originals)."""
+def bounded(prose: str, max_tokens: int, language: str | None = None) -> str:
+    """The sink's prose within `max_tokens`: its newest lines, and one line (in the conversation's
+    `language`) saying that older ones left (the map still covers their uids; recall_history returns
+    the originals)."""
     lines = prose.splitlines()
     kept: list[str] = []
     used = 0
@@ -57,7 +59,7 @@ def bounded(prose: str, max_tokens: int) -> str:
         used += cost
     if len(kept) == len(lines):
         return prose
-    return "\n".join([f"- ({len(lines) - len(kept)} older lines of this guide left for the budget)", *reversed(kept)])
+    return "\n".join([lang.text("guide_dropped", language, n=len(lines) - len(kept)), *reversed(kept)])
 
 
 def evictions(segments: Sequence[Segment], budget: float) -> int:

@@ -323,12 +323,13 @@ class VerbatimTrack:
             track = None
         else:
             self.classify_pending(upto)
-            entries = [(e.uid, origin.render_entry(e.uid, self.verdicts[e.uid])) for e in self.s.events()
-                       if e.role == "user" and e.uid <= upto and e.uid in self.verdicts]
             from .lang import header_language
 
             users = [e for e in self.s.events() if e.role == "user" and e.uid <= upto]
-            track = origin.build_track(entries, upto, budget, estimate_tokens, header_language(users))
+            language = header_language(users)
+            entries = [(e.uid, origin.render_entry(e.uid, self.verdicts[e.uid], language)) for e in users
+                       if e.uid in self.verdicts]
+            track = origin.build_track(entries, upto, budget, estimate_tokens, language)
         self._built = (key, track)
         return track
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
 from mfs_nb import lang
 from mfs_nb.events import Event
 from mfs_nb.offline import extractive_merge, offline_reply
@@ -21,7 +19,6 @@ ENGLISH_LABELS = ("said (user and assistant):", "errors seen:", "commands run:",
                   "degraded", "- user:", "- assistant:", "- tool:", "nothing to summarize", "nothing to merge")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]")
 
-_GUIDE_DROPPED = re.compile(r"^- \(\d+ older lines of this guide left for the budget\)$", re.M)
 GARDEN = ["番茄", "黄瓜", "辣椒", "茄子", "生菜", "豆角", "南瓜"]
 
 
@@ -56,7 +53,6 @@ def _events(turns: int) -> list[Event]:
 
 
 def _no_english_labels(text: str) -> None:
-    text = re.sub(_GUIDE_DROPPED, "", text)  # terminal.py's line, not translated yet: the xfail test below
     for label in ENGLISH_LABELS:
         assert label not in text, label
 
@@ -120,13 +116,11 @@ def test_the_offline_summarizer_labels_follow_the_requested_language():
     assert english.startswith("- user: ")
 
 
-@pytest.mark.xfail(strict=True, reason="terminal.bounded writes its line in English; it should use "
-                   "lang.text('guide_dropped', language, n=…) (terminal.py is outside this change)")
 def test_the_sink_guide_names_its_dropped_lines_in_chinese():
     from mfs_nb.terminal import bounded
 
     prose = "\n".join(f"- 用户：第{i}周的番茄长到{10 + i}厘米" for i in range(40))
-    first = bounded(prose, 60).splitlines()[0]
+    first = bounded(prose, 60, lang.CHINESE).splitlines()[0]
     assert first == lang.text("guide_dropped", lang.CHINESE, n=int(re.sub(r"\D", "", first)))
 
 
