@@ -252,7 +252,7 @@ def test_a_clearing_and_a_compaction_share_one_cache_miss(monkeypatch):
     assert both, "a clearing with cold history behind it must take the compaction along"
     assert together["coverage"]["lost"] == 0 and all(c["payload_tokens"] <= 8000 for c in together["calls"])
 
-    monkeypatch.setattr(Compactor, "piggyback", lambda self, tier, sync: [])
+    monkeypatch.setattr(Compactor, "piggyback", lambda self, tier, sync, effective=None: [])
     monkeypatch.setattr(Session, "_clear_tool_results",
                         lambda self, view, usage, min_gain=0.0, _f=Session._clear_tool_results:
                         _f(self, view, usage, clearing.MIN_GAIN))

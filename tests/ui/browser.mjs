@@ -54,7 +54,7 @@ try {
   };
   Object.assign(result, await read());
   // open the first segment layer and read its exact text
-  const seg = page.locator(".mfs-context details.mfs-layer", { hasText: "L0 segment" }).first();
+  const seg = page.locator(".mfs-context details.mfs-layer", { hasText: /^\s*summary · uids/ }).first();
   await seg.locator("summary").click();
   result.segmentOpen = await seg.evaluate((d) => d.open);
   result.segmentText = await seg.locator("pre").innerText();
