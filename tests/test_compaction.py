@@ -37,6 +37,7 @@ def covered_ok(s: Session) -> None:
         assert (e.uid in raw) + inside == 1, f"uid {e.uid}: raw={e.uid in raw} spans={inside}"
 
 
+@pytest.mark.slow
 def test_coverage_holds_at_every_turn_over_160_turns(store_dir):
     fake = FakeLLM(default="Noted, I will keep the pool under the limit you gave.")
     s = Session("long", store=store_dir, window_tokens=4096, llm=fake, background_compaction=False)

@@ -57,6 +57,7 @@ def long_session(store_dir, name: str, turns: int, **settings) -> Session:
     return s
 
 
+@pytest.mark.slow
 def test_history_stays_as_coarser_layers_instead_of_being_evicted(store_dir):
     s = long_session(store_dir, "cons", 80)
     rows = [r for r in s.ledger() if r["kind"] == "consolidation"]

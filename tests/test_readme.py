@@ -61,7 +61,7 @@ def test_each_block_reaches_its_endpoint_with_its_key(name, base_env, key_env, p
         auth = headers.get("authorization", "") + headers.get("x-api-key", "")
         assert "sk-test-0123456789" in auth
         store = (tmp_path / "store")
-        assert not any("sk-test-0123456789".encode() in f.read_bytes() for f in store.rglob("*") if f.is_file())
+        assert not any(b"sk-test-0123456789" in f.read_bytes() for f in store.rglob("*") if f.is_file())
     finally:
         InteractiveShell.clear_instance()
         provider.close()

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 from fake_provider import FakeProvider
 from nbclient import NotebookClient
 
@@ -66,6 +67,7 @@ def _text(outputs: list[dict]) -> str:
     return "".join(parts)
 
 
+@pytest.mark.slow
 def test_a_scripted_second_hour_has_no_traceback_and_one_model(tmp_path, monkeypatch):
     provider = FakeProvider(reply="Noted; the fake model answers this turn.",
                             summary="- the user measured throughput and latency on several hosts")

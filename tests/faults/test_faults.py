@@ -73,6 +73,7 @@ def test_concurrent_kernels_converge_to_one_projection(tmp_path, procs, seed):
     assert r["segments"] >= 1
 
 
+@pytest.mark.slow
 def test_four_kernels_on_object_storage_converge_to_one_projection(s3_endpoint, monkeypatch, tmp_path):
     """Issue 19: four processes chatting and compacting one session on the loopback S3 server, with no
     lock file between them (only the store's commits and the lease table): nothing lost or duplicated,

@@ -38,6 +38,7 @@ def _missing() -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_outputs_render_and_survive_a_reopen_in_jupyterlab(tmp_path):
     why = _missing()
     if why:
