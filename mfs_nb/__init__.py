@@ -52,9 +52,9 @@ def empty_chat_body(lines: list[str]) -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext mfs_nb`: register the magics; litellm, LanceDB and the embedder warm up off the cell."""
-    from . import warm
     from .cells import CellLog
-    from .magics import MfsMagics
+    from .notebook import warm
+    from .notebook.magics import MfsMagics
 
     magics = MfsMagics(ipython)
     ipython.register_magics(magics)

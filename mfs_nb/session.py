@@ -49,7 +49,7 @@ from .quiet import Quiet
 from .search import METHODS as SEARCH_METHODS
 from .search import Results
 from .segments import Segment
-from .settings import Settings, from_environment
+from .settings import Settings, from_environment, warm_up_enabled
 from .snapshots import read_document
 from .store import Store, UidConflict, now_iso
 from .tokens import estimate_tokens, message_tokens
@@ -72,6 +72,13 @@ from .workset import FactTrack, fact_track
 
 DEFAULT_WINDOW = 128_000
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def valid_session_name(name: Any) -> bool:
+    """1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."""
+    return isinstance(name, str) and bool(_NAME.match(name))
+
+
 # A single message may take at most this share of the effective window; more cannot be sent.
 MAX_MESSAGE_SHARE = 0.5
 # Another kernel appending to the same session makes our uid stale; we reload and retry.
@@ -217,9 +224,7 @@ class Session:
         self._quiet = Quiet(self._quiet_maintenance, lambda: self.settings.quiet_maintenance_s, name)
         self._raw_cache = RawCache()
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
-        from . import warm
-
-        if warm.enabled() and self._injected_llm is None:  # the embedding gate off the chat turns
+        if warm_up_enabled() and self._injected_llm is None:  # the embedding gate off the chat turns
             from .track import warm_gate_in_background
 
             warm_gate_in_background(self.settings.embedding_model)

@@ -185,3 +185,9 @@ def from_environment() -> dict[str, Any]:
     MFS_RECALL_INDEX, MFS_QUIET_MAINTENANCE_S)."""
     env = {key: os.environ.get(name) for key, name in ENV_NAMES.items()}
     return {k: v for k, v in env.items() if v}
+
+
+def warm_up_enabled() -> bool:
+    """Whether libraries, the model client and the embedding gate load in background threads ahead of
+    their first use (`MFS_WARM=0` turns it off: everything then loads where it is first needed)."""
+    return os.environ.get("MFS_WARM", "1").strip().lower() not in ("0", "false", "no", "off")

@@ -164,7 +164,7 @@ def test_notebook_tools(tmp_path, monkeypatch):
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
-    from mfs_nb.notebook_tools import notebook_tools
+    from mfs_nb.notebook.tools import notebook_tools
 
     cfg = Config()
     cfg.HistoryManager.enabled = False

@@ -8,7 +8,7 @@ import sys
 import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
-from mfs_nb.magics import parse_uid_range, substitute
+from mfs_nb.notebook.magics import parse_uid_range, substitute
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ import threading
 import time
 from typing import Any
 
+from ..settings import warm_up_enabled
+
 STAGES = ("store", "model client", "embedder")
 LABELS = {"store": "opening the store", "model client": "loading the model client",
           "embedder": "checking the embedding model"}
@@ -54,8 +56,8 @@ class Warmup:
 
 
 def _store(_: Warmup) -> None:
-    from . import session, store  # noqa: F401
-    from .tokens import exact_counter
+    from .. import session, store  # noqa: F401
+    from ..tokens import exact_counter
 
     store.lancedb_module()  # the import is what takes the time
     exact_counter("o200k_base")  # the offline default counts usage with it: load its table now
@@ -66,10 +68,9 @@ def _model_client(_: Warmup) -> None:
     (MFS_WARM_MODEL_CLIENT=1): importing it in a thread while the notebook's thread collects one of
     its half-built HTTP clients deadlocked on the import lock (seen in `mfs-nb bench ux`). The
     offline default never needs it."""
-    import os
 
-    from .llm import is_offline, litellm_module
-    from .settings import OFFLINE_MODEL
+    from ..llm import is_offline, litellm_module
+    from ..settings import OFFLINE_MODEL
 
     if os.environ.get("MFS_WARM_MODEL_CLIENT") == "1" and not is_offline(os.environ.get("MFS_MODEL") or OFFLINE_MODEL):
         litellm_module()
@@ -77,7 +78,7 @@ def _model_client(_: Warmup) -> None:
 
 def _embedder(w: Warmup) -> None:
     if w.embedding_model != "off":
-        from .track import warm_gate
+        from ..track import warm_gate
 
         warm_gate(w.embedding_model)
 
@@ -85,17 +86,13 @@ def _embedder(w: Warmup) -> None:
 _STEPS: dict[str, Any] = {"store": _store, "model client": _model_client, "embedder": _embedder}
 
 
-def enabled() -> bool:
-    return os.environ.get("MFS_WARM", "1").strip().lower() not in ("0", "false", "no", "off")
-
-
 def start(embedding_model: str | None = None) -> Warmup | None:
     """Start the warm-up thread (unless MFS_WARM=0)."""
-    if not enabled():
+    if not warm_up_enabled():
         return None
     if embedding_model is None:
         try:
-            from .settings import Settings, from_environment
+            from ..settings import Settings, from_environment
 
             embedding_model = Settings().with_values(**from_environment()).embedding_model
         except Exception:

@@ -11,8 +11,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from .errors import InputError
-from .tools import Tool
+from ..errors import InputError
+from ..tools import Tool
 
 TIMEOUT_S = 2.0
 MAX_REPR = 4_000

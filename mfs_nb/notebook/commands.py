@@ -1,0 +1,227 @@
+"""The `%mfs` subcommands: `%mfs NAME args…` calls `_mfs_NAME(args)` (see `MfsMagics.mfs`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from IPython.display import display
+
+from ..errors import InputError
+from ..settings import PERSON_KEYS
+from .choices import NotebookChoices
+from .display import Progress, Rich, has_frontend
+
+
+class MfsCommands(NotebookChoices):
+    """Mixed into `MfsMagics`: each `_mfs_<name>` method is one `%mfs <name>` subcommand; it needs
+    the magics' sessions, store and the notebook's choices."""
+
+    shell: Any
+    store: Any
+    mfs: Any  # the %mfs magic itself (its docstring is the help)
+
+    def get_session(self, name: str | None = None) -> Any:
+        raise NotImplementedError
+
+    def _mfs_help(self, rest: list[str]) -> None:
+        print(self.mfs.__doc__)
+
+    def _mfs_status(self, rest: list[str]) -> None:
+        from ..usage import SOURCE_LABELS
+
+        s = self.get_session()
+        st = s.status()
+        u = s.usage()
+        print(u.status_line())
+        print(f"store {st['store']} · model {st['model']} · {st['events']} events, last uid {st['last_uid']}, "
+              f"{st['turns']} turns · measured as {SOURCE_LABELS.get(u.source, u.source)}")
+        print(st["endpoint"])
+        print("settings: " + "; ".join(
+            f"{k} {getattr(s.settings, k)!r} from {self.origin(k, s)}" for k in PERSON_KEYS
+            if getattr(s.settings, k) or k == "model"))
+        comp = s.compactor
+        if comp.segments or comp.evicted:
+            spans = ", ".join(f"#{x.id} {x.uid_from}–{x.uid_to}" + (" degraded" if x.degraded else "") for x in comp.segments)
+            print(f"segments in payload: {spans or 'none'}" + (f"; evicted maps: uids {comp.evicted[0][0]}–"
+                                                                f"{comp.evicted[-1][1]}" if comp.evicted else ""))
+        state = s.clearing_state()
+        if state.clear_before:
+            print(f"tool results before uid {state.clear_before} cleared"
+                  + (f"; long arguments before uid {state.prune_before} stubbed" if state.prune_before else ""))
+        if comp.breaker_open:
+            print(comp.breaker_line())
+        p = s.indexer.progress(load=False)
+        meaning = (f"by meaning to uid {p['vectors_upto']} ({p['model']})" if p["model"] else
+                   f"by meaning: unavailable ({p['failed']})" if p["failed"] else
+                   "by meaning: starts when the first search loads the embedding model")
+        print(f"search index: {p['last_uid']} messages; by words to uid {p['text_upto']}, {meaning}"
+              + ("" if s.settings.recall_index else " (indexing as messages arrive is off)"))
+
+    def _mfs_doctor(self, rest: list[str]) -> None:
+        """%mfs doctor [--repair]: check the store (tables, content hashes, missing uids)."""
+        from ..doctor import doctor
+
+        if any(w != "--repair" for w in rest):
+            raise InputError("%mfs doctor takes only --repair")
+        store = self._store.uri if self._store is not None else (self.store or None)
+        lines, _ = doctor(store, "--repair" in rest)
+        print("\n".join(lines))
+
+    def _mfs_sessions(self, rest: list[str]) -> None:
+        names = self._get_store().sessions()
+        for name in names or ["(none yet)"]:
+            print(("* " if name == self.session else "  ") + name)
+
+    def _switch(self, name: str) -> None:
+        self.session = name
+        self._save_notebook()
+
+    def _mfs_new(self, rest: list[str]) -> None:
+        from ..session import valid_session_name
+
+        if len(rest) != 1:
+            raise InputError("%mfs new NAME: give exactly one session name")
+        if not valid_session_name(rest[0]):
+            raise InputError(f"%mfs new: session name {rest[0]!r} is invalid: use letters, digits, '.', '_' or '-'")
+        if rest[0] in self._get_store().sessions() or rest[0] in self._sessions:
+            raise InputError(f"%mfs new: session {rest[0]!r} exists already; switch to it with %mfs use {rest[0]}")
+        s = self.get_session(rest[0])
+        self._switch(rest[0])
+        print(f"session {s.name} created (model {s.settings.model}); %%chat now talks to it")
+
+    def _mfs_use(self, rest: list[str]) -> None:
+        import difflib
+
+        if len(rest) != 1:
+            raise InputError("%mfs use NAME: give exactly one session name")
+        names = sorted(set(self._get_store().sessions()) | set(self._sessions))
+        if rest[0] not in names:
+            close = difflib.get_close_matches(rest[0], names, n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            raise InputError(f"%mfs use: there is no session {rest[0]!r}; {hint}%mfs sessions lists them, "
+                             f"%mfs new {rest[0]} creates it")
+        s = self.get_session(rest[0])
+        self._switch(rest[0])
+        print(f"session {s.name}: {len(s.events)} events, last uid {s.last_uid}, model {s.settings.model}")
+
+    def _mfs_config(self, rest: list[str]) -> None:
+        """%mfs config [--session] [key=value …]: model, api_base, window_tokens and the fallback are the
+        notebook's, for every session; --session keeps a value for this session alone."""
+        s = self.get_session()
+        own = "--session" in rest
+        rest = [w for w in rest if w != "--session"]
+        if not rest:
+            for key, value in s.settings.public().items():
+                where = f"  ({self.origin(key, s)})" if key in PERSON_KEYS else ""
+                print(f"{key} = {value!r}{where}")
+            return
+        values = {}
+        for word in rest:
+            if "=" not in word:
+                raise InputError(f"%mfs config: expected key=value, got {word!r}")
+            key, value = word.split("=", 1)
+            values[key.strip()] = value
+        new = s.configure(own=own, **values)  # validated here first: a bad value changes nothing anywhere
+        shared = {k: getattr(new, k) for k in values if k in PERSON_KEYS and not own}
+        if shared:
+            self._person.update(shared)
+            for key in shared:
+                self._origin[key] = "this notebook (%mfs config)"
+            self._spread(shared)
+        print("; ".join(f"{k} = {getattr(new, k)!r}" for k in values)
+              + (" (this session only)" if own else " (every session of this notebook)" if shared else ""))
+
+    def _mfs_fork(self, rest: list[str]) -> None:
+        """%mfs fork NAME [focus …]: a new session starting from a summary of this one; %%chat moves to it."""
+        if not rest:
+            raise InputError("%mfs fork NAME [focus]: name the new session")
+        parent = self.get_session()
+        with Progress(self.shell, f"summarising {parent.name} for the fork…"):
+            child = parent.fork(rest[0], " ".join(rest[1:]))
+        self._sessions[child.name] = self._adopt(child)
+        if child.settings.notebook_tools:
+            from .tools import notebook_tools
+
+            for tool in notebook_tools(self.shell):
+                child.register_tool(tool)
+        self._switch(child.name)
+        p = child.parent or {}
+        print(f"forked {parent.name} into {child.name}: uids {p.get('uid_from')}–{p.get('uid_to')} summarised in "
+              f"segment #{p.get('segment')}; {child.usage().status_line()}")
+        for notice in getattr(child, "fork_notices", []):
+            print(notice)
+        print(f"%%chat now talks to {child.name}; {parent.name} is unchanged (%mfs use {parent.name} to go back)")
+
+    def _mfs_optimize(self, rest: list[str]) -> None:
+        """%mfs optimize: compact the store's small fragments and remove its old versions."""
+        if rest:
+            raise InputError("%mfs optimize takes no arguments")
+        with Progress(self.shell, "optimizing the store…"):
+            notices = self.get_session().optimize()
+        for notice in notices:
+            print(notice)
+
+    def _mfs_pin(self, rest: list[str]) -> None:
+        """%mfs pin key=value …: keep values word for word in the knowledge slot; no argument lists it."""
+        s = self.get_session()
+        if not rest:
+            entries = s.knowledge.entries
+            if not entries:
+                print("the knowledge slot is empty; %mfs pin key=value adds to it")
+            for e in entries.values():
+                print(f"{e.key} = {e.value!r}" + ("" if e.by == "user" else "  (remembered by the model)"))
+            return
+        values: dict[str, str] = {}
+        for word in rest:
+            if "=" not in word:
+                raise InputError(f"%mfs pin: expected key=value, got {word!r} (quote values with spaces)")
+            key, value = word.split("=", 1)
+            values[key.strip()] = value
+        for notice in s.pin(values):
+            print(notice)
+
+    def _mfs_unpin(self, rest: list[str]) -> None:
+        """%mfs unpin KEY …: remove keys from the knowledge slot."""
+        if not rest:
+            raise InputError("%mfs unpin KEY …: name the keys to remove")
+        for notice in self.get_session().unpin(*rest):
+            print(notice)
+
+    def _mfs_gc(self, rest: list[str]) -> None:
+        """Remove snapshots nothing references any more (after a 48 h grace); --dry-run only lists them."""
+        from .. import snapshots
+
+        if rest not in ([], ["--dry-run"]):
+            raise InputError("%mfs gc [--dry-run]")
+        dry = rest == ["--dry-run"]
+        live = [e.content for s in self._sessions.values() for e in s.events if snapshots.DIR in e.content]
+        gone = snapshots.garbage(self._get_store(), live, ["."], dry_run=dry)
+        verb = "would remove" if dry else "removed"
+        if not gone:
+            print("no unreferenced snapshots older than 48 h")
+        for path, size in gone:
+            print(f"{verb} {path} ({size:,} bytes)")
+
+    def _mfs_export(self, rest: list[str]) -> None:
+        """%mfs export FILE.md|FILE.ipynb [--force]: the whole session, readable without mfs_nb."""
+        force = "--force" in rest
+        names = [w for w in rest if w != "--force"]
+        if len(names) != 1:
+            raise InputError("%mfs export FILE.md|FILE.ipynb [--force]")
+        session = self.get_session()
+        path = session.export(names[0], overwrite=force)
+        print(f"exported session {session.name!r} ({session.last_uid} events) to {path}")
+
+    def _mfs_ledger(self, rest: list[str]) -> None:
+        from ..ui.data import ledger_data
+        from ..ui.ledger import LedgerView
+
+        session = self.get_session()
+        view = LedgerView(data=ledger_data(session.ledger(), session.history, session.usage().effective))
+        if has_frontend(self.shell):
+            display(Rich(view.text(), view.html()))
+        else:
+            from ..ui.html import ledger_summary
+
+            print(ledger_summary(view.data))
+            print(view.text())
