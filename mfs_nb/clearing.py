@@ -1,4 +1,4 @@
-"""S2: zero-LLM tool-result handling on the send copy (DESIGN §3 S2, seeds 000 §3.4, 003 §2, 004 §4).
+"""S2: zero-LLM tool-result handling on the send copy (docs/architecture.md, "Tool-result clearing").
 
 A pure function over the projected messages; the log is never touched. In order:
 (a) a result larger than the trim size keeps its head and tail, its fact lines and a recall handle;
@@ -23,8 +23,9 @@ PRUNE_ARGS_OVER = 200  # characters of tool-call arguments worth stubbing
 TRIM_SHARE = 0.04  # a single result above this share of the usable window is trimmed
 KEEP_ROUNDS = 3  # the newest tool rounds keep their results when old ones are cleared
 # A clearing rewrites the payload from its first cleared result on, so every token after it misses
-# the provider's prefix cache once. "Touch rarely, touch completely" (DESIGN §2.6): a clearing must
-# free at least MIN_GAIN of the usable window, and it clears down to HEADROOM below the warn line
+# the provider's prefix cache once. "Touch rarely, touch completely" (docs/architecture.md, "Layers
+# and the byte-stable prefix"): a clearing must free at least MIN_GAIN of the usable window, and it
+# clears down to HEADROOM below the warn line
 # (keeping fewer rounds if needed), so that the next one is many calls away; when no option frees
 # that much, nothing is cleared and compaction acts at its own line. Measured on the three shared
 # coding sessions at 8k (`mfs-nb bench consolidation`): 0.05 and 0 cleared every 3-5 calls and

@@ -1,12 +1,12 @@
-"""Which history a compaction covers, and how long its guide may be (DESIGN §3 S3): pure policy,
-no storage; `compaction.Compactor` carries it out under the protocol.
+"""Which history a compaction covers, and how long its guide may be (docs/architecture.md,
+"Segments (S3)"): pure policy, no storage; `compaction.Compactor` carries it out under the protocol.
 
 - **The cold range** (`choose`): the oldest raw events, cut at turn starts, keeping the recent
   tail raw (`KEEP_TAIL` of the usable window, whole turns) and skipping a range too small to be
   worth a cache miss. At the hard line with nothing else left (`emergency`) and for a manual
   `%compact` (`small_ok`) only the current turn is kept and any size goes.
 - **The target** (`target`): the guide's size, half the range, within 10–20 % of the usable window
-  and the seed's 1,000–16,000 tokens.
+  and 1,000–16,000 tokens.
 - A compaction event goes on, range after range, until pressure is under `TARGET_AFTER`.
 """
 

@@ -1,4 +1,4 @@
-"""Consolidation (DESIGN §6, seed 000 §4.1–4.3): pure policy, no storage.
+"""Consolidation (docs/architecture.md, "Consolidation and the terminal chain"): pure policy, no storage.
 
 When the segment block passes ≈ 80 % of its budget, the oldest run of segments is merged into one
 segment one level deeper that covers the union of their uid ranges; old history stays in the
@@ -10,7 +10,7 @@ payload as a few coarser layers instead of being evicted.
 - **Run** (`choose_run`): from the oldest segment still below `max_depth`, consecutive segments
   below `max_depth`, never the newest one (it stays L0 for the next turns' cache), the merge
   input capped at 120k characters with the cut on a segment boundary. `eager`: the oldest two
-  adjacent segments of the same level (seed tier ①) — off by default: it consolidates far more
+  adjacent segments of the same level (the eager tier) — off by default: it consolidates far more
   often, each time a prefix-cache miss for everything after the run, and summaries of summaries
   drift further from the originals.
 - **Gates** (`gates`), computed and logged every time: `miss` = tokens after the run's start (the
@@ -33,7 +33,7 @@ from typing import Any
 from .segments import Segment, language_line
 from .tokens import estimate_tokens
 
-CONSOLIDATE_AT = 0.8  # share of the block budget at which the oldest run is consolidated (seed tier ②)
+CONSOLIDATE_AT = 0.8  # share of the block budget at which the oldest run is consolidated (the default tier)
 PAYBACK_MAX = 40.0  # calls a consolidation's cache miss may take to pay back
 SHRINK_MIN = 0.35  # share of the block a consolidation must free
 MERGE_INPUT_CHARS = 120_000

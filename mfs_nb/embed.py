@@ -1,4 +1,5 @@
-"""The embedding boundary (DESIGN §4, §9): the only module that imports an embedding model.
+"""The embedding boundary: the only module that imports an embedding model (docs/architecture.md,
+"Model boundaries and the offline default"; what it serves: "The verbatim tracks", "Recall").
 
 Two kinds of model stand behind one small interface, each imported lazily:
 

@@ -1,4 +1,4 @@
-"""The event: one immutable entry of the append-only log (DESIGN §2.1, §8).
+"""The event: one immutable entry of the append-only log (docs/architecture.md, "The log").
 
 An event never changes once written; what the model receives is a projection of these
 (`view.py`). Events are plain frozen dataclasses so the memory core never touches storage.

@@ -1,4 +1,5 @@
-"""The fact track (DESIGN §4, seed 000 §4.5): exact lines that must never be paraphrased.
+"""The fact track (docs/architecture.md, "The verbatim tracks"): exact lines that must never be
+paraphrased.
 
 Deterministic, zero LLM. A *fact line* is a line (or, in prose, a sentence) that carries an error
 string, a command, a path or URL, or a number with a unit, an amount, a date or an identifier —
@@ -119,8 +120,8 @@ def extract(text: str, uid: int | None = None) -> list[Fact]:
 
 def tool_digest(text: str, head: int = 400, tail: int = 200, max_facts: int = 12,
                 taken: Iterable[str] = ()) -> str:
-    """The compressor's view of a tool result (seed 000 §3.4, §4.9): head 400 + tail 200 characters
-    plus its first 12 fact lines that the fact track has not `taken` already, so the prose is asked
+    """The compressor's view of a tool result (docs/architecture.md, "Segments (S3)"): head 400 +
+    tail 200 characters plus its first 12 fact lines that the fact track has not `taken` already, so the prose is asked
     to cover what the verbatim lines do not. Deterministic; short results pass unchanged."""
     if len(text) <= head + tail + 50:
         return text

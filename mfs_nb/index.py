@@ -1,4 +1,4 @@
-"""Index on write and hybrid search for one session (DESIGN §5, recall by meaning).
+"""Index on write and hybrid search for one session (docs/architecture.md, "Recall").
 
 `Indexer` keeps the recall index of a session up to date in a background thread: every event
 (user, assistant, tool result, attached document, cut into chunks) and every segment's prose

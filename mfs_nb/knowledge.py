@@ -1,4 +1,5 @@
-"""The knowledge slot (seed 000 §3.6): values that must never be compacted, right after the system prompt.
+"""The knowledge slot (docs/architecture.md, "The knowledge slot"): values that must never be
+compacted, right after the system prompt.
 
 The user pins them (`%mfs pin key=value`, `Session.pin`), the model saves them with the
 `remember(key, value)` tool and drops them with `forget(key)`. The slot is bounded by a share of

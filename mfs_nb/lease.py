@@ -1,4 +1,5 @@
-"""The compaction lock (DESIGN §7, seed 004 step 1): a lease with an owner and an expiry.
+"""The compaction lock (docs/architecture.md, "The compaction protocol"): a lease with an owner and
+an expiry.
 
 It lives in the store (a LanceDB table), so it holds across processes and — on object storage —
 across machines, with no file lock. The protocol needs only that the store's commits are

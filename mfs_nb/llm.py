@@ -1,4 +1,5 @@
-"""The LLM boundary (DESIGN §7 endpoint fallback, §9): the only module that imports litellm.
+"""The LLM boundary: the only module that imports litellm (docs/architecture.md, "Model boundaries
+and the offline default"; endpoint fallback: "Failure handling").
 
 litellm is imported lazily (it takes seconds) with its model-cost map read locally, so nothing
 reaches for the network on import. Keys come from the environment only; they are passed to

@@ -1,4 +1,5 @@
-"""S0 pressure: usage anchor, increment estimate, calibration (DESIGN §3 S0, seed 000 §3.2).
+"""S0 pressure: usage anchor, increment estimate, calibration (docs/architecture.md, "Token
+accounting and the compaction tiers").
 
 Pure state, no I/O. After each response the provider's `prompt_tokens` becomes the anchor,
 with a fingerprint of the payload it priced (message count, last uid, hash of the system slot;

@@ -1,4 +1,5 @@
-"""The embedded offline default (DESIGN §9): a local litellm provider, deterministic, no network.
+"""The embedded offline default (docs/architecture.md, "Model boundaries and the offline default"):
+a local litellm provider, deterministic, no network.
 
 It answers chat requests by saying plainly that no model is configured, and reports usage
 counted with the o200k tokenizer (or the estimator) so the meter and the anchor behave as they

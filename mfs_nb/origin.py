@@ -1,4 +1,5 @@
-"""Who wrote a user message, and what the verbatim track keeps of it (DESIGN §4; seed 000 §7).
+"""Who wrote a user message, and what the verbatim track keeps of it (docs/architecture.md,
+"The verbatim tracks").
 
 Pure functions over text and vectors: no store, no files, no model loading (an `Embedder` is
 passed in). Classification is zero-LLM and fails safe — any doubt, any error: the user's own words.
@@ -312,7 +313,7 @@ def build_track(entries: Sequence[tuple[int, str]], upto: int, budget: int,
     return Track(text, upto, tuple(uid for uid, _ in kept), dropped, count_tokens(text))
 
 
-# -- the stop-loss rule (seed 000 §7.8) -----------------------------------------------------------
+# -- the stop-loss rule (docs/architecture.md, "The verbatim tracks") ----------------------------
 MAX_OWN_MISLABEL = 0.05
 
 

@@ -1,4 +1,5 @@
-"""Recall by meaning (DESIGN §5): the pure half — what gets indexed, fusion, snippets, keywords.
+"""Recall by meaning (docs/architecture.md, "Recall"): the pure half — what gets indexed, fusion,
+snippets, keywords.
 
 No LanceDB, no model here. `index.py` feeds these functions with what the store and the embedder
 return; the same functions serve the tool, the magic, the CLI and the benchmark.

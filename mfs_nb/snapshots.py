@@ -1,4 +1,5 @@
-"""Content-addressed snapshots of attached and pasted documents (DESIGN §4 "Snapshots"; seed 000 §7.6-7.7).
+"""Content-addressed snapshots of attached and pasted documents (docs/architecture.md, "The verbatim
+tracks").
 
 A snapshot is written once under ``attachments/{sha256[:16]}-{name}.md`` and never changed: new
 content means a new hash and a new path, so a message that names the path keeps the same bytes

@@ -1,4 +1,4 @@
-"""The LanceDB boundary (DESIGN §8): the only module that imports lancedb.
+"""The LanceDB boundary (docs/architecture.md, "Storage"): the only module that imports lancedb.
 
 Tables:
 - ``events``   the append-only log; one row per (session, uid); never updated or deleted.
@@ -681,7 +681,7 @@ class Store:
                 pa.Table.from_pylist([row], schema=NOTEBOOKS_SCHEMA))
             self._fold(table, "notebooks")
 
-    # -- compactions: the protocol of seed 004, append only ------------------------------
+    # -- compactions: the protocol (docs/architecture.md, "The compaction protocol"), append only --
     def append_compaction(self, session: str, seq: int, phase: str, data: dict[str, Any]) -> None:
         """One protocol step (started | summary_completed | declared | finished | aborted)."""
         row = {"key": f"{session}\x1f{seq:08d}\x1f{phase}", "session": session, "seq": seq, "phase": phase,
@@ -903,7 +903,8 @@ class Store:
                 out += [r[column] for r in rows]
         return out
 
-    # -- recall index (DESIGN §5): text rows with full-text indexes, vectors per embedding model ----
+    # -- recall index ("Recall" in docs/architecture.md): text rows with full-text indexes, vectors per
+    # embedding model --------------------------------------------------------------------------------
     def _recall_text(self, create: bool = True) -> Any:
         """The text table of the recall index; without `create`, None when it does not exist (a search
         of a store that was never indexed, which may be read-only, finds nothing instead of failing)."""

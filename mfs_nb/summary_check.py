@@ -1,4 +1,5 @@
-"""Summary validation before any segment is committed (DESIGN §7; issue 13). Pure functions.
+"""Summary validation before any segment is committed (docs/architecture.md, "Failure handling";
+issue 13). Pure functions.
 
 A model's summary becomes a segment only when it is non-empty prose, not a refusal or a bare
 preamble (a small multilingual pattern list), not filler, mentions some of the range's own

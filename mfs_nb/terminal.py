@@ -1,5 +1,6 @@
-"""The terminal chain (DESIGN §6, seed 000 §4.3): what happens to the block once every old
-segment is at `max_consolidations`. Pure policy, no storage; `compaction.Compactor` commits it.
+"""The terminal chain (docs/architecture.md, "Consolidation and the terminal chain"): what happens
+to the block once every old segment is at `max_consolidations`. Pure policy, no storage;
+`compaction.Compactor` commits it.
 
 (a) **Sink**, zero LLM (`sink_run`, `sink_prose`, `bounded`): the run from the oldest segment
 through the coldest L0 becomes one map — the union of the members' fact lines and each prose

@@ -1,4 +1,4 @@
-"""S0 token estimation (DESIGN §3 S0, seed 000 §3.2).
+"""S0 token estimation (docs/architecture.md, "Token accounting and the compaction tiers").
 
 `estimate_tokens` models how a byte-pair tokenizer (o200k_base) cuts text, with regex counts
 that run at C speed: Latin words, contractions, digit runs (cut in threes), punctuation runs and

@@ -1,4 +1,5 @@
-"""Tools the model can call (DESIGN §5). Each tool is a JSON schema plus a function of plain args.
+"""Tools the model can call (docs/architecture.md, "Recall"). Each tool is a JSON schema plus a
+function of plain args.
 
 Tool results are always bounded text: a bad argument, an unknown tool or a tool that raises
 gives a one-line error result and the turn goes on.

@@ -1,4 +1,5 @@
-"""The user-verbatim track of one session (DESIGN §4): classifications, vectors, the rendered track.
+"""The user-verbatim track of one session (docs/architecture.md, "The verbatim tracks"):
+classifications, vectors, the rendered track.
 
 Each user message gets one `Verdict`, written once to the store (explicit channels when the
 message is recorded; inferred ones in the recall index's thread once the message has its vectors,

@@ -1,4 +1,5 @@
-"""The one number (DESIGN §2.8, §3 Profile and tiers): what the meter shows is what fires the tiers."""
+"""The one number: what the meter shows is what fires the tiers (docs/architecture.md, "Token
+accounting and the compaction tiers")."""
 
 from __future__ import annotations
 
@@ -25,10 +26,10 @@ def tier_label(tier: str, language: str | None = None) -> str:
 
 @dataclass(frozen=True)
 class ContextProfile:
-    """Window and thresholds. Every threshold is a ratio of the window (DESIGN §2.4).
+    """Window and thresholds. Every threshold is a ratio of the window.
 
     The effective window is `window − summary_reserve − safety_buffer`; reserve and buffer are
-    ratios too (0.1 and 0.065: 20k and 13k of a 200k window, as seed 002 §2.1 measured).
+    ratios too (0.1 and 0.065: 20k and 13k of a 200k window, what Claude Code keeps back).
     """
 
     window_tokens: int

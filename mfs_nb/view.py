@@ -1,4 +1,5 @@
-"""Projection of the log into the send view (DESIGN §2.1, §3 S1).
+"""Projection of the log into the send view (docs/architecture.md, "The log" and "Layers and the
+byte-stable prefix").
 
 A pure function: events in, the exact `messages` payload and its layers out. Nothing here
 touches storage, the model or the notebook. S1 sends the whole uncovered history; later layers

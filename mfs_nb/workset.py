@@ -1,4 +1,4 @@
-"""The working set (DESIGN §4, seed 000 §4.5 and §4.9): what the agent did, kept verbatim.
+"""The working set (docs/architecture.md, "The verbatim tracks"): what the agent did, kept verbatim.
 
 Deterministic, zero LLM, a pure function of events. From a range of the log it takes
 

@@ -1,5 +1,6 @@
-"""Recall by meaning (DESIGN §5): index on write, full text (English and Chinese), vectors, hybrid
-search, the recall_search tool, pagination of memory-tool results and their S2 exemption."""
+"""Recall by meaning (docs/architecture.md, "Recall"): index on write, full text (English and
+Chinese), vectors, hybrid search, the recall_search tool, pagination of memory-tool results and their
+S2 exemption."""
 
 from __future__ import annotations
 

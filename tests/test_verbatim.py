@@ -83,7 +83,8 @@ def test_stop_loss_rule():
 
 # -- the quality gate ------------------------------------------------------------------------
 class HashEmbedder:
-    """The silent fallback the seed warns about: deterministic vectors from a hash of the text."""
+    """The silent fallback the embedding quality gate exists for: deterministic vectors from a hash
+    of the text."""
 
     model_id = "test/hash"
 

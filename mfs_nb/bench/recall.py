@@ -1,4 +1,5 @@
-"""Suites `recall` (parts 1-2) and `recall_speed` (parts 3-4): recall by meaning (DESIGN §5).
+"""Suites `recall` (parts 1-2) and `recall_speed` (parts 3-4): recall by meaning (docs/architecture.md,
+"Recall").
 
 1. LoCoMo evidence: each conversation is written to a store as one session (a turn is
    "Speaker: text", so names are searchable as they would be in a transcript, and is stamped with

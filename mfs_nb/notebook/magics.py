@@ -1,4 +1,4 @@
-"""The IPython boundary: `%%chat`, `%recall`, `%mfs` (DESIGN §1).
+"""The IPython boundary: `%%chat`, `%recall`, `%mfs` (docs/architecture.md, "What the user sees").
 
 One error policy (README, "Mistakes and errors"): every mistake a person can make in an mfs cell —
 a bad option, an empty cell, a malformed range, a bad setting, a failed call — prints one line
