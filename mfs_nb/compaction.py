@@ -1,7 +1,7 @@
 """S3 compaction over the append-only log (DESIGN §3 S3, §6 first paragraph, §7; seed 004).
 
 One implementation behind three entry points (automatic tiers, `%compact`, `Session.compact`).
-Each segment is committed through a protocol appended to the store:
+Each segment is committed through a protocol appended to the store (its rows: `protocol.py`):
 
     started (takes the lock) → summary_completed → declared (the only row the projection
     honours) → finished (releases)      — or aborted, with the reason.
@@ -34,6 +34,7 @@ from . import segments as seg
 from .errors import MfsError
 from .events import Event, after
 from .lease import Lease, live_claims, owner_name
+from .protocol import ProtocolRows
 from .segments import Segment
 from .summary_check import validate_summary
 from .tokens import estimate_tokens
@@ -82,6 +83,7 @@ class Compactor:
         self.upgrade_done = False
         self.seq = 0
         self.lease = Lease(host.store, host.name, owner_name(host.writer))
+        self.rows = ProtocolRows(host, self.lease)
         self.half_open = False
         self.opened_at = 0.0
         self._restore_breaker()
@@ -110,8 +112,7 @@ class Compactor:
             started = phases.get("started")
             if started and not ({"finished", "aborted"} & phases.keys()) and number != mine \
                     and started.get("lease") not in live:
-                done = "finished" if declared else "aborted"
-                self.s.store.append_compaction(self.s.name, number, done, {"recovered": True})
+                self.rows.recover(number, bool(declared))
                 note = (f"recovered an interrupted compaction (#{number}): "
                         + ("its declaration was complete and stays" if declared else "nothing half-done was kept"))
                 self.recovered.append(note)
@@ -256,9 +257,7 @@ class Compactor:
         elif prose is not None:
             self._succeeded()
         segment = seg.build(seq, events, prose, effective)
-        self.s.store.append_compaction(self.s.name, seq, "summary_completed", {
-            "content": segment.prose, "covered": [segment.uid_from, segment.uid_to], "tokens": segment.tokens,
-            "degraded": segment.degraded, "envelope": info.get("envelope"), "error": info.get("error")})
+        self.rows.complete(seq, segment, info, degraded=segment.degraded)
         return segment, info
 
     # -- committing ------------------------------------------------------------------------
@@ -277,7 +276,7 @@ class Compactor:
             return "covered uids are not contiguous"
         if seg.covered_hash(covered) != segment.covered_hash:
             return "covered events changed since the snapshot"
-        self.s.store.append_compaction(self.s.name, segment.id, "declared", {"segment": segment.to_json()})
+        self.rows.declare(segment.id, {"segment": segment.to_json()})
         self.segments.append(segment)
         return None
 
@@ -309,9 +308,9 @@ class Compactor:
             return None
         self.upgrade_done = True
         seq = self.next_seq()
-        self._start(seq, {"trigger": "upgrade", "segment": old.id})
-        self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "upgrade", "segment": new.to_json()})
-        self.s.store.append_compaction(self.s.name, seq, "finished", {})
+        self.rows.start(seq, trigger="upgrade", segment=old.id)
+        self.rows.declare(seq, {"type": "upgrade", "segment": new.to_json()})
+        self.rows.finish(seq)
         self._honour({"type": "upgrade", "segment": new.to_json()})
         self.s.log("upgrade", segment=old.id, tokens_before=old.tokens, tokens_after=new.tokens,
                     llm_tokens=info.get("llm_tokens", 0))
@@ -402,12 +401,12 @@ class Compactor:
                     usage = self.s.usage()
             seq = self.next_seq()
             ids = [x.id for x in gone]
-            self._start(seq, {"trigger": "evict", "segment_ids": ids})
-            self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "evict", "segment_ids": ids})
+            self.rows.start(seq, trigger="evict", segment_ids=ids)
+            self.rows.declare(seq, {"type": "evict", "segment_ids": ids})
         except Exception:
             self.segments, self.evicted = saved  # this kernel's view stays what the store declares
             raise
-        self.s.store.append_compaction(self.s.name, seq, "finished", {})
+        self.rows.finish(seq)
         self.s.log("eviction", segments=ids, uid_from=gone[0].uid_from, uid_to=gone[-1].uid_to,
                    block_before=block_before, block_after=con.block_tokens(self.segments),
                    payload_after=usage.tokens, window=usage.window, within=usage.tokens <= limit)
@@ -447,8 +446,8 @@ class Compactor:
         events = [e for e in s.events() if members[0].uid_from <= e.uid <= members[-1].uid_to]
         seq = self.next_seq()
         kind = "sink" if sink else "consolidate"
-        self._start(seq, {"trigger": kind, "tier": tier, "segment_ids": ids, "uid_from": members[0].uid_from,
-                          "uid_to": members[-1].uid_to})
+        self.rows.start(seq, trigger=kind, tier=tier, segment_ids=ids, uid_from=members[0].uid_from,
+                        uid_to=members[-1].uid_to)
         info: dict[str, Any] = {"llm_tokens": 0}
         if sink:
             prose: str | None = terminal.sink_prose(members)
@@ -460,7 +459,7 @@ class Compactor:
         row = {"merge": kind, "tier": tier, "segments": ids, "uid_from": members[0].uid_from,
                "uid_to": members[-1].uid_to, "llm_tokens": info.get("llm_tokens", 0), "level": level}
         if prose is None:
-            s.store.append_compaction(s.name, seq, "aborted", {"reason": info.get("error", "no summary")})
+            self.rows.abort(seq, info.get("error", "no summary"))
             s.log("consolidation", accepted=False, gate="", error=info.get("error", "no summary"), **row)
             return None
         merged = seg.merged(seq, members, events, prose, level, effective)
@@ -468,9 +467,7 @@ class Compactor:
             room = int(BLOCK_SHARE * effective * terminal.SINK_SHARE) - (merged.tokens - estimate_tokens(merged.prose))
             merged = seg.merged(seq, members, events, terminal.bounded(prose, max(room, 60), members[-1].language),
                                 level, effective)
-        s.store.append_compaction(s.name, seq, "summary_completed", {
-            "content": merged.prose, "covered": [merged.uid_from, merged.uid_to], "tokens": merged.tokens,
-            "segment_ids": ids, "envelope": info.get("envelope"), "error": info.get("error")})
+        self.rows.complete(seq, merged, info, segment_ids=ids)
         view = s.view()
         first = next((i for i, x in enumerate(view.layers) if x.kind == "segment" and x.uid_from == members[0].uid_from), 1)
         miss = sum(x.tokens for x in view.layers[first:])
@@ -478,18 +475,18 @@ class Compactor:
         after = before - sum(x.tokens for x in members) + merged.tokens
         gates = con.gates(miss, before, after, hard=sink or tier == "hard")
         if not gates.passed:
-            s.store.append_compaction(s.name, seq, "aborted", {"reason": f"gate: {gates.failed}", **gates.to_json()})
+            self.rows.abort(seq, f"gate: {gates.failed}", **gates.to_json())
             s.log("consolidation", **row, **gates.to_json())
             return None
         rejected = self._check_members(ids, members)
         if rejected:
-            s.store.append_compaction(s.name, seq, "aborted", {"reason": rejected})
+            self.rows.abort(seq, rejected)
             s.log("consolidation", **row, **{**gates.to_json(), "accepted": False, "gate": "commit"}, reason=rejected)
             return None
         declaration = {"type": "consolidate", "segment_ids": ids, "segment": merged.to_json()}
-        s.store.append_compaction(s.name, seq, "declared", declaration)
+        self.rows.declare(seq, declaration)
         self._honour(declaration, seq)
-        s.store.append_compaction(s.name, seq, "finished", {})
+        self.rows.finish(seq)
         s.log("consolidation", **row, **gates.to_json(), degraded=bool(info.get("degraded")))  # `miss`: the cache miss it caused
         what = "folded" if sink else "merged"
         return (f"{what} {len(ids)} summaries ({', '.join(f'#{i}' for i in ids)}; uids {merged.uid_from}–"
@@ -538,10 +535,6 @@ class Compactor:
             self.seq = max(self.seq, stored) + 1
             return self.seq
 
-    def _start(self, seq: int, data: dict[str, Any]) -> None:
-        self.s.store.append_compaction(self.s.name, seq, "started", {**data, "lease": self.lease.claim,
-                                                                     "owner": self.lease.owner})
-
     def compact(self, tier: str, reason: str, focus: str = "", *, manual: bool = False,
                 only_ready: bool = False) -> list[str]:
         """Commit what the background made, then make and commit segments until pressure is under
@@ -568,14 +561,13 @@ class Compactor:
         try:
             before = self.s.usage()
             seq = self.next_seq()
-            self._start(seq, {"trigger": reason, "tier": before.tier, "uid_from": events[0].uid,
-                              "uid_to": events[-1].uid})
+            self.rows.start(seq, trigger=reason, tier=before.tier, uid_from=events[0].uid, uid_to=events[-1].uid)
             segment, info = self.make(seq, events, before.effective, focus, earlier)
             rejected = self.commit(segment)
             if rejected:
-                self.s.store.append_compaction(self.s.name, seq, "aborted", {"reason": rejected})
+                self.rows.abort(seq, rejected)
                 return None, [f"the fork's summary was not committed: {rejected}"]
-            self.s.store.append_compaction(self.s.name, seq, "finished", {})
+            self.rows.finish(seq)
             self.s.log("compaction", tier=before.tier, trigger=reason, tokens_before=before.tokens,
                        tokens_after=self.s.usage().tokens, llm_tokens=info.get("llm_tokens", 0),
                        uid_from=segment.uid_from, uid_to=segment.uid_to, segments=[segment.id],
@@ -614,11 +606,11 @@ class Compactor:
                         f"{human(after.tokens)} tokens, past the warn line ({tier_label(after.tier)}), and the next "
                         f"call would compact them again; %recall {last.uid_from}-{last.uid_to} shows them"]
             seq = self.next_seq()
-            self._start(seq, {"trigger": "undo", "segment": last.id})
+            self.rows.start(seq, trigger="undo", segment=last.id)
             declaration = {"type": "retract", "segment_id": last.id, "uid_from": last.uid_from, "uid_to": last.uid_to}
-            s.store.append_compaction(s.name, seq, "declared", declaration)
+            self.rows.declare(seq, declaration)
             self._honour(declaration, seq)
-            s.store.append_compaction(s.name, seq, "finished", {})
+            self.rows.finish(seq)
             s.log("undo", segment=last.id, uid_from=last.uid_from, uid_to=last.uid_to, tokens_before=before.tokens,
                   tokens_after=after.tokens)
             return [f"undid {where}: those messages are raw again ({human(before.tokens)} → "
@@ -660,7 +652,7 @@ class Compactor:
                         notices.append("nothing to compact" + (f" ({why.replace('_', ' ')})" if why else ""))
                 break
             seq = self.next_seq()
-            self._start(seq, {"trigger": reason, "tier": tier, "uid_from": events[0].uid, "uid_to": events[-1].uid})
+            self.rows.start(seq, trigger=reason, tier=tier, uid_from=events[0].uid, uid_to=events[-1].uid)
             segment, info = self.make(seq, events, effective, focus)
             llm_tokens += info.get("llm_tokens", 0)
             now, then = self.payload_with(segment)
@@ -672,7 +664,7 @@ class Compactor:
                 now, then = self.payload_with(segment)
             if then >= now:
                 # a segment that does not make the payload smaller is not committed (issue 17)
-                s.store.append_compaction(s.name, seq, "aborted", {"reason": "not_smaller", "tokens": [now, then]})
+                self.rows.abort(seq, "not_smaller", tokens=[now, then])
                 s.log("skip", tier=tier, reason="not_smaller", trigger=reason, tokens_before=now, tokens_after=then,
                        uid_from=segment.uid_from, uid_to=segment.uid_to)
                 if over:  # the terminal chain below takes over; its notice says what happened
@@ -690,11 +682,11 @@ class Compactor:
                 break
             rejected = self.commit(segment)
             if rejected:
-                s.store.append_compaction(s.name, seq, "aborted", {"reason": rejected})
+                self.rows.abort(seq, rejected)
                 s.log("commit_rejected", tier=tier, reason=rejected, uid_from=segment.uid_from, uid_to=segment.uid_to)
                 notices.append(f"compaction result dropped: {rejected}")
                 break
-            s.store.append_compaction(s.name, seq, "finished", {})
+            self.rows.finish(seq)
             made.append(segment)
             stuck = None  # a range starts at the oldest raw event: this one covers any that stayed raw
             if info.get("fallback"):
@@ -741,18 +733,15 @@ class Compactor:
         of the same range is made under the next one (started → summary_completed → declared →
         finished, as any compaction). Returns (seq, digest, info) for the caller to check and commit."""
         s = self.s
-        s.store.append_compaction(s.name, seq, "aborted", {"reason": "not_smaller", "tokens": [now, then],
-                                                            "fallback": "degraded"})
+        self.rows.abort(seq, "not_smaller", tokens=[now, then], fallback="degraded")
         s.log("skip", tier=tier, reason="not_smaller", trigger=reason, tokens_before=now, tokens_after=then,
               uid_from=summary.uid_from, uid_to=summary.uid_to, fallback="degraded")
         seq = self.next_seq()
-        self._start(seq, {"trigger": reason, "tier": tier, "uid_from": events[0].uid, "uid_to": events[-1].uid,
-                          "fallback": "not_smaller"})
+        self.rows.start(seq, trigger=reason, tier=tier, uid_from=events[0].uid, uid_to=events[-1].uid,
+                        fallback="not_smaller")
         digest = seg.build(seq, events, None, effective)
         error = f"the summary would not make the payload smaller ({now} → {then} tokens)"
-        s.store.append_compaction(s.name, seq, "summary_completed", {
-            "content": digest.prose, "covered": [digest.uid_from, digest.uid_to], "tokens": digest.tokens,
-            "degraded": True, "envelope": None, "error": error})
+        self.rows.complete(seq, digest, {"envelope": None, "error": error}, degraded=True)
         return seq, digest, {"fallback": True, "error": error, "llm_tokens": 0}
 
     def to_window(self, effective: int, tier: str) -> tuple[list[str], list[Segment]]:
@@ -779,12 +768,12 @@ class Compactor:
                 usage = self.s.usage()
             seq = self.next_seq()
             ids = [x.id for x in gone]
-            self._start(seq, {"trigger": "evict", "segment_ids": ids})
-            self.s.store.append_compaction(self.s.name, seq, "declared", {"type": "evict", "segment_ids": ids})
+            self.rows.start(seq, trigger="evict", segment_ids=ids)
+            self.rows.declare(seq, {"type": "evict", "segment_ids": ids})
         except Exception:
             self.segments, self.evicted = saved  # this kernel's view stays what the store declares
             raise
-        self.s.store.append_compaction(self.s.name, seq, "finished", {})
+        self.rows.finish(seq)
         self.s.log("eviction", segments=ids, uid_from=gone[0].uid_from, uid_to=gone[-1].uid_to,
                    block_before=block_before, block_after=con.block_tokens(self.segments),
                    payload_after=usage.tokens, window=usage.window, within=usage.tokens < effective,
@@ -841,8 +830,7 @@ class Compactor:
             self._release()
             return False
         seq = self.next_seq()
-        self._start(seq, {"trigger": "background", "tier": "warn", "uid_from": events[0].uid,
-                          "uid_to": events[-1].uid})
+        self.rows.start(seq, trigger="background", tier="warn", uid_from=events[0].uid, uid_to=events[-1].uid)
         pending = Pending(seq, list(events), self.lease.claim)
         self.pending = pending
 
@@ -868,20 +856,19 @@ class Compactor:
         pending.done.wait()
         self.pending = None
         if not self.lease.held or self.lease.claim != pending.claim:  # the lease lapsed meanwhile: stale
-            self.s.store.append_compaction(self.s.name, pending.seq, "aborted", {"reason": "lease lost"})
+            self.rows.abort(pending.seq, "lease lost")
             return None
         if pending.segment is None:
-            self.s.store.append_compaction(self.s.name, pending.seq, "aborted",
-                                           {"reason": pending.info.get("error", "no result")})
+            self.rows.abort(pending.seq, pending.info.get("error", "no result"))
             return None
         now, then = self.payload_with(pending.segment)
         rejected = self.commit(pending.segment) if then < now else f"would not make the payload smaller ({now} → {then} tokens)"
         if rejected:
-            self.s.store.append_compaction(self.s.name, pending.seq, "aborted", {"reason": rejected})
+            self.rows.abort(pending.seq, rejected)
             self.s.log("commit_rejected", tier="compress", reason=rejected, uid_from=pending.segment.uid_from,
                         uid_to=pending.segment.uid_to)
             return None
-        self.s.store.append_compaction(self.s.name, pending.seq, "finished", {})
+        self.rows.finish(pending.seq)
         return pending.segment, pending.info
 
     # -- the tier hook -----------------------------------------------------------------------
