@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -138,6 +139,37 @@ class Compactor:
     def _release(self) -> None:
         if self.pending is None and self.lease.held:
             self.lease.release()
+
+    @contextmanager
+    def exclusive(self, wait_s: float = 0.0, *, idle: bool = False) -> Iterator[str | None]:
+        """The compaction lease for the block: yields None when it is held (and releases it after,
+        unless a background task still needs it), else why it is busy (nothing is taken then).
+        `idle`: busy too while this kernel is compacting (a background task under way, the lease held)."""
+        if idle and (self.pending is not None or self.lease.held):
+            yield "a background compaction of this session is under way"
+            return
+        busy = self._acquire(wait_s)
+        try:
+            yield busy
+        finally:
+            if busy is None:
+                self._release()
+
+    @contextmanager
+    def trying(self, segment: Segment) -> Iterator[None]:
+        """`segment` in force for what the block projects (a preview), and left out of `in_force()`,
+        what other threads read of the session (the indexer, search)."""
+        self.trial = segment
+        self.segments.append(segment)
+        try:
+            yield
+        finally:
+            self.segments.remove(segment)
+            self.trial = None
+
+    def in_force(self) -> list[Segment]:
+        """The committed segments in force: `segments` without a preview's trial segment."""
+        return [x for x in self.segments if x is not self.trial]
 
     def _honour(self, row: dict[str, Any], number: int = 0) -> None:
         if row.get("type") == "retract":
@@ -540,14 +572,11 @@ class Compactor:
         """Commit what the background made, then make and commit segments until pressure is under
         the target or nothing is left. `only_ready`: commit the finished background result only."""
         s = self.s
-        busy = self._acquire(LOCK_WAIT_S if manual or tier == "hard" else 0.0)
-        if busy:
-            s.log("skip", tier=tier, reason="locked", trigger=reason, detail=busy)
-            return [f"{busy}; this compaction was skipped" + ("; try %compact again in a moment" if manual else "")]
-        try:
+        with self.exclusive(LOCK_WAIT_S if manual or tier == "hard" else 0.0) as busy:
+            if busy:
+                s.log("skip", tier=tier, reason="locked", trigger=reason, detail=busy)
+                return [f"{busy}; this compaction was skipped" + ("; try %compact again in a moment" if manual else "")]
             return self._compact_locked(tier, reason, focus, manual=manual, only_ready=only_ready)
-        finally:
-            self._release()
 
     def cover(self, events: list[Event], reason: str, focus: str = "",
               earlier: str = "") -> tuple[Segment | None, list[str]]:
@@ -555,10 +584,9 @@ class Compactor:
         it is not smaller than the events (the fork starts from a summary by design). When the range
         is more than the compressor takes at once, the summarizer reads the newest events that fit,
         after `earlier` (the parent's segments: their text stands for what came before)."""
-        busy = self._acquire(LOCK_WAIT_S)
-        if busy:
-            return None, [f"{busy}; try again in a moment"]
-        try:
+        with self.exclusive(LOCK_WAIT_S) as busy:
+            if busy:
+                return None, [f"{busy}; try again in a moment"]
             before = self.s.usage()
             seq = self.next_seq()
             self.rows.start(seq, trigger=reason, tier=before.tier, uid_from=events[0].uid, uid_to=events[-1].uid)
@@ -573,18 +601,15 @@ class Compactor:
                        uid_from=segment.uid_from, uid_to=segment.uid_to, segments=[segment.id],
                        degraded=segment.degraded, evicted=[])
             return segment, self._notes(segment, info, before.tier)
-        finally:
-            self._release()
 
     def undo(self) -> list[str]:
         """Retract the newest segment (`%compact --undo`): an append-only declaration that the
         projection honours, so its uids are raw again. Only when they fit below the warn line (else
         the next call would compact them again) and the segment is still an L0 in force."""
         s = self.s
-        busy = self._acquire(LOCK_WAIT_S)
-        if busy:
-            return [f"{busy}; nothing was undone; try again in a moment"]
-        try:
+        with self.exclusive(LOCK_WAIT_S) as busy:
+            if busy:
+                return [f"{busy}; nothing was undone; try again in a moment"]
             self.refresh()
             if not self.segments:
                 return ["nothing to undo: no segment is in the payload"
@@ -615,8 +640,6 @@ class Compactor:
                   tokens_after=after.tokens)
             return [f"undid {where}: those messages are raw again ({human(before.tokens)} → "
                     f"{human(after.tokens)} tokens)"]
-        finally:
-            self._release()
 
     def _compact_locked(self, tier: str, reason: str, focus: str, *, manual: bool, only_ready: bool) -> list[str]:
         s = self.s

@@ -251,7 +251,7 @@ class Session:
             before_cover=lambda upto: self.verbatim.classify_pending(upto),
             after_index=self._indexed,
             load_breaker=lambda: self._breaker, save_breaker=self._save_breaker,
-            segments=lambda: [x for x in self.compactor.segments if x is not self.compactor.trial],
+            segments=lambda: self.compactor.in_force(),
             embedder=lambda load: self.verbatim.vector_layer() if load else self.verbatim.loaded_layer(),
             embedder_off=lambda: self.verbatim.off_reason, busy=self._busy)
 
@@ -482,16 +482,11 @@ class Session:
         (`%mfs optimize`, and `quiet.Quiet` after `quiet_maintenance_s` without a turn, which passes
         `stop`). Never while a kernel holds this session's compaction lock (it is taken for the
         duration); its cost and effect are a `maintenance` ledger row."""
-        with self._lock:
-            busy = ("a background compaction of this session is under way"
-                    if self.compactor.pending is not None or self.compactor.lease.held else self.compactor._acquire(0.0))
+        with self._lock, self.compactor.exclusive(idle=True) as busy:
             if busy:
                 self._log("skip", reason="locked", trigger="maintenance", detail=busy)
                 return [f"{busy}; the store was not optimized; try again in a moment"]
-            try:
-                report = self.store.maintain(keep_s, stop=stop)
-            finally:
-                self.compactor._release()
+            report = self.store.maintain(keep_s, stop=stop)
         self._log("maintenance", trigger=trigger, keep_s=keep_s, seconds=report["seconds"],
                   versions=report["versions"], fragments=report["fragments"], bytes=report["bytes"],
                   errors=report["errors"], stopped=report["stopped"])
@@ -827,15 +822,10 @@ class Session:
                 return {"nothing": (why or "nothing raw").replace("_", " ")}
             prose, info = self.compactor.summarize(events, before.effective, focus)
             segment = build(self.compactor.seq + 1, events, prose, before.effective)
-            # the trial segment is in the list for one projection; what other threads read of the
+            # the trial segment is in force for one projection; what other threads read of the
             # session (Host.segments: the indexer, search) leaves it out
-            self.compactor.trial = segment
-            self.compactor.segments.append(segment)
-            try:
+            with self.compactor.trying(segment):
                 then = self.send_view()
-            finally:
-                self.compactor.segments.remove(segment)
-                self.compactor.trial = None
             shared = shared_prefix_tokens(now.messages, then.messages, self.token_counts(now).__getitem__)
             out = {"uid_from": segment.uid_from, "uid_to": segment.uid_to, "messages": len(events),
                    "tokens_before": before.tokens, "tokens_after": self.usage(then).tokens,
