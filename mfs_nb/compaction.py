@@ -16,8 +16,8 @@ follow the covered prefix (a stale writer) is reported and not honoured, by ever
 
 This module is the protocol; the policies it carries out are each a module of their own:
 `coldrange` (what a compaction covers), `consolidation` (when and what to merge, the gates) and
-`terminal` (the sink and eviction once depth is exhausted). The session is reached only through
-`host.Host`.
+`terminal` (the sink and eviction once depth is exhausted); the circuit breaker is `breaker`. The
+session is reached only through `host.Host`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from . import coldrange, lang, terminal
 from . import consolidation as con
 from . import segments as seg
+from .breaker import Breaker
 from .errors import MfsError
 from .events import Event, after
 from .lease import Lease, live_claims, owner_name
@@ -71,8 +72,6 @@ class Compactor:
         self.s = host
         self.segments: list[Segment] = []
         self.evicted: list[tuple[int, int]] = []
-        self.failures = 0
-        self.breaker_open = False
         self.calls = 0
         self.last_compaction_call = -10**9
         self.refill_skipped = False
@@ -85,9 +84,7 @@ class Compactor:
         self.seq = 0
         self.lease = Lease(host.store, host.name, owner_name(host.writer))
         self.rows = ProtocolRows(host, self.lease)
-        self.half_open = False
-        self.opened_at = 0.0
-        self._restore_breaker()
+        self.breaker = Breaker(host, BREAKER)  # restored from the session's saved state
         self._load()
         self.recovered += self.ignored  # reported once, when the session opens
 
@@ -234,7 +231,7 @@ class Compactor:
         """Ask the model for the prose guide; (None, info) on any failure or unusable output."""
         target = self.target(events, effective)
         info: dict[str, Any] = {"target": target, "style": self.s.settings().summary_style, "llm_tokens": 0}
-        if self.breaker_open and not self._may_try():
+        if self.breaker.open and not self.breaker.may_try(BREAKER_COOLDOWN_S):
             info["error"] = "circuit breaker open: automatic LLM compaction is off for this session"
             return None, info
         shown = _newest_within(events, seg.INPUT_CHARS)
@@ -285,9 +282,9 @@ class Compactor:
             pass
         prose, info = self.summarize(events, effective, focus, earlier)
         if prose is None and "circuit breaker open" not in str(info.get("error")):
-            info["breaker"] = self._failed()
+            info["breaker"] = self.breaker.failed()
         elif prose is not None:
-            self._succeeded()
+            self.breaker.succeeded()
         segment = seg.build(seq, events, prose, effective)
         self.rows.complete(seq, segment, info, degraded=segment.degraded)
         return segment, info
@@ -326,15 +323,15 @@ class Compactor:
         segment still in the payload and replace it only if the LLM version is strictly shorter.
         A failed attempt counts toward the circuit breaker like any summarizer failure."""
         degraded = [x for x in self.segments if x.degraded and x.level == 0]
-        if self.breaker_open or self.upgrade_done or not degraded:
+        if self.breaker.open or self.upgrade_done or not degraded:
             return None
         old = degraded[-1]
         events = [e for e in self.s.events() if old.uid_from <= e.uid <= old.uid_to]
         prose, info = self.summarize(events, effective)
         if prose is None:
-            self._failed()
+            self.breaker.failed()
             return None
-        self._succeeded()
+        self.breaker.succeeded()
         new = seg.build(old.id, events, prose, effective)
         if new.tokens >= old.tokens or new.covered_hash != old.covered_hash:
             return None
@@ -348,66 +345,33 @@ class Compactor:
                     llm_tokens=info.get("llm_tokens", 0))
         return f"segment #{old.id} upgraded from its zero-LLM form: {human(old.tokens)} → {human(new.tokens)} tokens"
 
-    def _failed(self) -> bool:
-        """Count a summarizer failure; True when this one opened the breaker. A failed half-open
-        try re-opens it for another cool-down. The state is saved with the session."""
-        self.failures += 1
-        if self.half_open:
-            self.half_open = False
-            self.opened_at = time.time()
-            self.s.log("breaker_open", failures=self.failures, half_open_try=True)
-            self._save_breaker()
-            return False
-        if self.failures >= BREAKER and not self.breaker_open:
-            self.breaker_open = True
-            self.opened_at = time.time()
-            self.s.log("breaker_open", failures=self.failures)
-            self._save_breaker()
-            return True
-        self._save_breaker()
-        return False
+    # -- the breaker (breaker.py): what the session, %mfs status and tests read of it ------------
+    @property
+    def breaker_open(self) -> bool:
+        return self.breaker.open
 
-    def _succeeded(self) -> None:
-        """A usable summary: the count restarts and an open breaker closes."""
-        was_open, self.failures = self.breaker_open, 0
-        self.breaker_open = self.half_open = False
-        if was_open:
-            self.s.log("breaker_closed")
-        self._save_breaker()
+    @breaker_open.setter
+    def breaker_open(self, value: bool) -> None:
+        self.breaker.open = value
 
-    def _may_try(self) -> bool:
-        """Half-open: after the cool-down, or on the user's %compact, the model gets one try."""
-        if not self.half_open and time.time() - self.opened_at >= BREAKER_COOLDOWN_S:
-            self.half_open = True
-        return self.half_open
+    @property
+    def failures(self) -> int:
+        return self.breaker.failures
+
+    @property
+    def opened_at(self) -> float:
+        return self.breaker.opened_at
+
+    @opened_at.setter
+    def opened_at(self, value: float) -> None:
+        self.breaker.opened_at = value
 
     def breaker_state(self) -> dict[str, Any]:
-        return {"failures": self.failures, "open": self.breaker_open, "opened_at": self.opened_at}
+        return self.breaker.state()
 
     def breaker_line(self) -> str:
         """For %mfs status: where the breaker stands and what to do."""
-        if not self.breaker_open:
-            return f"circuit breaker closed ({self.failures} summarizer failure{'s' if self.failures != 1 else ''} in a row)"
-        wait = max(0, int(BREAKER_COOLDOWN_S - (time.time() - self.opened_at)))
-        return (f"circuit breaker open after {self.failures} summarizer failures: automatic LLM compaction is off; "
-                f"fix the model, then %compact (tries it once), or wait {wait}s for one automatic try")
-
-    def _save_breaker(self) -> None:
-        state = self.breaker_state()
-        if self.s.load_breaker() != state:
-            try:
-                self.s.save_breaker(state)
-            except Exception:  # the breaker is advisory; a failed save only forgets it
-                pass
-
-    def _restore_breaker(self) -> None:
-        state = self.s.load_breaker() or {}
-        try:
-            self.failures = max(0, int(state.get("failures", 0)))
-            self.breaker_open = bool(state.get("open", False))
-            self.opened_at = float(state.get("opened_at", 0.0))
-        except (TypeError, ValueError, AttributeError):
-            self.failures, self.breaker_open, self.opened_at = 0, False, 0.0
+        return self.breaker.line(BREAKER_COOLDOWN_S)
 
     def evict_if_needed(self, effective: int) -> list[Segment]:
         """(b) of the terminal chain (`terminal.py`): the oldest maps leave the payload while the
@@ -643,8 +607,8 @@ class Compactor:
 
     def _compact_locked(self, tier: str, reason: str, focus: str, *, manual: bool, only_ready: bool) -> list[str]:
         s = self.s
-        if manual and self.breaker_open:
-            self.half_open = True  # the user's %compact tries the model once
+        if manual and self.breaker.open:
+            self.breaker.half_open = True  # the user's %compact tries the model once
         before = s.usage()
         effective = before.effective
         notices: list[str] = []
@@ -834,7 +798,7 @@ class Compactor:
         if info.get("breaker"):
             return ["automatic LLM compaction stopped after 3 failures in a row; history is kept with zero-LLM "
                     "segments. Fix the model, then %compact, or start over with %mfs new NAME"]
-        if self.breaker_open:
+        if self.breaker.open:
             return []
         return [f"summarizer unavailable ({_short(info.get('error', ''))}); segment #{segment.id} keeps verbatim "
                 "heads, tails and fact lines instead"]
@@ -842,7 +806,7 @@ class Compactor:
     # -- background pre-compaction -----------------------------------------------------------
     def start_background(self, effective: int, synchronous: bool) -> bool:
         """At the warn line: compress cold history into an L0 segment from a snapshot, off the turn."""
-        if self.pending is not None or self.breaker_open:
+        if self.pending is not None or self.breaker.open:
             return False
         if not self.choose(effective)[0]:  # nothing cold to compress: the lease (two writes, three reads) is not taken
             return False
