@@ -1,4 +1,5 @@
-"""S3 compaction over the append-only log (DESIGN §3 S3, §6 first paragraph, §7; seed 004).
+"""S3 compaction over the append-only log (docs/architecture.md, "Segments (S3)", "The compaction
+protocol" and "Failure handling").
 
 One implementation behind three entry points (automatic tiers, `%compact`, `Session.compact`).
 Each segment is committed through a protocol appended to the store (its rows: `protocol.py`):

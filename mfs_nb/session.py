@@ -1,4 +1,4 @@
-"""The orchestrator (DESIGN §3): one `Session` wires a turn through log, projection and model.
+"""The orchestrator (docs/architecture.md, "One turn"): one `Session` wires a turn through log, projection and model.
 
 Everything the magics, the CLI and the benchmarks do goes through this class. The memory
 logic stays in pure modules (`view`, `tokens`, `usage`); this file owns the order of steps,
@@ -718,7 +718,8 @@ class Session:
     def prepare_call(self) -> CallPlan:
         """What the memory layer does before a model call: project, measure, act on the tier.
 
-        The tier comes from the same `Usage` the status line shows (DESIGN §2.8)."""
+        The tier comes from the same `Usage` the status line shows (docs/architecture.md, "Token
+        accounting and the compaction tiers")."""
         view = self.send_view()
         usage = self.usage(view)
         notices: list[str] = list(self.compactor.recovered) + self.verbatim.notices
