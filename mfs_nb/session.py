@@ -858,7 +858,8 @@ class Session:
         if usage.tier == previous or usage.tier == "ok" or TIERS.index(usage.tier) < TIERS.index(previous):
             return []
         language = self.language()
-        text = lang.text("tier", language, share=usage.percent, tier=tier_label(usage.tier, language))
+        text = lang.text("tier", language, share=usage.percent, tier=tier_label(usage.tier, language,
+                                                                             usage.tokens >= usage.effective))
         if usage.tier == "hard" and not self.settings.auto_compaction:
             text += "; automatic compaction is off: run %compact, or start a fresh session with %mfs new NAME"
         self._log("tier", tier=usage.tier, tokens=usage.tokens, effective=usage.effective)

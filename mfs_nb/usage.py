@@ -18,8 +18,12 @@ SOURCE_LABELS = {"anchor+estimate": "the provider's count of the last request pl
                  "estimate": "estimated (no provider count yet)"}
 
 
-def tier_label(tier: str, language: str | None = None) -> str:
-    """The tier in words: 'ok', 'clearing soon', 'compacting', 'compacting now' (Chinese too)."""
+def tier_label(tier: str, language: str | None = None, over: bool = False) -> str:
+    """The tier in words: 'ok', 'clearing soon', 'compacting', 'compacting now' (Chinese too); `over`:
+    the payload is at or past the usable window itself, which the hard tier says as 'over the window'
+    (the hard line is a share of that window, so below it the words would not be true)."""
+    if over and tier == "hard":
+        return "超出窗口" if language == "Chinese" else "over the window"
     labels = TIER_LABELS_ZH if language == "Chinese" else TIER_LABELS
     return labels.get(tier, tier)
 
@@ -90,7 +94,7 @@ class Usage:
 
     @property
     def label(self) -> str:
-        return tier_label(self.tier)
+        return tier_label(self.tier, over=self.tokens >= self.effective)
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "ratio": self.ratio}

@@ -55,6 +55,8 @@ def test_tiers_are_words_in_the_status_line():
     for tier, words in (("warn", "clearing soon"), ("compress", "compacting"), ("hard", "compacting now")):
         line = Usage(900, 1200, 1000, tier, "anchor+estimate", "s").status_line()
         assert line.startswith("ctx 90% · 900 of 1k usable") and f"· {words} ·" in line and not INTERNAL_TIER.search(line)
+    over = Usage(1100, 1200, 1000, "hard", "anchor+estimate", "s").status_line()
+    assert "· over the window ·" in over  # only where it is true: at or past the usable window itself
 
 
 def test_ledger_rows_read_as_words_not_json():
