@@ -374,6 +374,28 @@ class Compactor:
         """For %mfs status: where the breaker stands and what to do."""
         return self.breaker.line(BREAKER_COOLDOWN_S)
 
+    @contextmanager
+    def _evicting(self) -> Iterator[list[Segment]]:
+        """The maps evicted inside the block (`_evict_oldest`) are declared as one protocol entry at its
+        end, under the caller's lease, so a restart agrees; on any failure this kernel's view goes back
+        to what the store declares and the error goes on."""
+        saved = (list(self.segments), list(self.evicted))
+        gone: list[Segment] = []
+        try:
+            yield gone
+            seq = self.next_seq()
+            ids = [x.id for x in gone]
+            self.rows.start(seq, trigger="evict", segment_ids=ids)
+            self.rows.declare(seq, {"type": "evict", "segment_ids": ids})
+        except Exception:
+            self.segments, self.evicted = saved
+            raise
+        self.rows.finish(seq)
+
+    def _evict_oldest(self, gone: list[Segment]) -> None:
+        gone.append(self.segments[0])
+        self._honour({"type": "evict", "segment_ids": [self.segments[0].id]})
+
     def evict_if_needed(self, effective: int) -> list[Segment]:
         """(b) of the terminal chain (`terminal.py`): the oldest maps leave the payload while the
         block is over its share, then while the payload is over 0.9 × the window — but only when
@@ -383,27 +405,17 @@ class Compactor:
         n = terminal.evictions(self.segments, BLOCK_SHARE * effective)
         if not n or not self.lease.valid():
             return []
-        saved = (list(self.segments), list(self.evicted))
-        try:
-            block_before = con.block_tokens(self.segments)
-            gone = list(self.segments[:n])
-            for x in gone:
-                self._honour({"type": "evict", "segment_ids": [x.id]})
+        block_before = con.block_tokens(self.segments)
+        with self._evicting() as gone:
+            for _ in range(n):
+                self._evict_oldest(gone)
             usage = self.s.usage()
             limit = terminal.EVICT_CHECK * usage.window
             if usage.tokens - con.block_tokens(self.segments[:-1]) <= limit:
                 while usage.tokens > limit and len(self.segments) > 1:
-                    gone.append(self.segments[0])
-                    self._honour({"type": "evict", "segment_ids": [self.segments[0].id]})
+                    self._evict_oldest(gone)
                     usage = self.s.usage()
-            seq = self.next_seq()
-            ids = [x.id for x in gone]
-            self.rows.start(seq, trigger="evict", segment_ids=ids)
-            self.rows.declare(seq, {"type": "evict", "segment_ids": ids})
-        except Exception:
-            self.segments, self.evicted = saved  # this kernel's view stays what the store declares
-            raise
-        self.rows.finish(seq)
+        ids = [x.id for x in gone]
         self.s.log("eviction", segments=ids, uid_from=gone[0].uid_from, uid_to=gone[-1].uid_to,
                    block_before=block_before, block_after=con.block_tokens(self.segments),
                    payload_after=usage.tokens, window=usage.window, within=usage.tokens <= limit)
@@ -745,23 +757,13 @@ class Compactor:
             notices.append(note)
         if self.s.usage().tier != "hard" or not self.segments or not self.lease.valid():
             return notices, []
-        saved = (list(self.segments), list(self.evicted))
-        try:
-            block_before = con.block_tokens(self.segments)
-            gone: list[Segment] = []
+        block_before = con.block_tokens(self.segments)
+        with self._evicting() as gone:
             usage = self.s.usage()
             while usage.tier == "hard" and self.segments:
-                gone.append(self.segments[0])
-                self._honour({"type": "evict", "segment_ids": [self.segments[0].id]})
+                self._evict_oldest(gone)
                 usage = self.s.usage()
-            seq = self.next_seq()
-            ids = [x.id for x in gone]
-            self.rows.start(seq, trigger="evict", segment_ids=ids)
-            self.rows.declare(seq, {"type": "evict", "segment_ids": ids})
-        except Exception:
-            self.segments, self.evicted = saved  # this kernel's view stays what the store declares
-            raise
-        self.rows.finish(seq)
+        ids = [x.id for x in gone]
         self.s.log("eviction", segments=ids, uid_from=gone[0].uid_from, uid_to=gone[-1].uid_to,
                    block_before=block_before, block_after=con.block_tokens(self.segments),
                    payload_after=usage.tokens, window=usage.window, within=usage.tokens < effective,
