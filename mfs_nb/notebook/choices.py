@@ -22,6 +22,7 @@ class NotebookChoices:
     _store: Any
     session: Any
     config: Any
+    shell: Any
 
     def _get_store(self) -> Any:
         raise NotImplementedError
@@ -58,11 +59,18 @@ class NotebookChoices:
             pass
 
     def _adopt(self, session: Any) -> Any:
-        """Give a session the notebook's settings, except those it keeps as its own."""
+        """Make a session this notebook's: its settings, except those the session keeps as its own,
+        and the tools that read the notebook (unless the session turned them off); kept open here."""
         values = {k: v for k, v in self._person.items()
                   if k not in session.overrides and getattr(session.settings, k) != v}
         if values:
             session.configure(**values)
+        if session.settings.notebook_tools:
+            from .tools import notebook_tools
+
+            for tool in notebook_tools(self.shell):
+                session.register_tool(tool)
+        self._sessions[session.name] = session
         return session
 
     def _spread(self, values: dict[str, Any]) -> None:

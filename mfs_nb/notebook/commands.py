@@ -16,7 +16,6 @@ class MfsCommands(NotebookChoices):
     """Mixed into `MfsMagics`: each `_mfs_<name>` method is one `%mfs <name>` subcommand; it needs
     the magics' sessions, store and the notebook's choices."""
 
-    shell: Any
     store: Any
     mfs: Any  # the %mfs magic itself (its docstring is the help)
 
@@ -138,12 +137,7 @@ class MfsCommands(NotebookChoices):
         parent = self.get_session()
         with Progress(self.shell, f"summarising {parent.name} for the fork…"):
             child = parent.fork(rest[0], " ".join(rest[1:]))
-        self._sessions[child.name] = self._adopt(child)
-        if child.settings.notebook_tools:
-            from .tools import notebook_tools
-
-            for tool in notebook_tools(self.shell):
-                child.register_tool(tool)
+        self._adopt(child)
         self._switch(child.name)
         p = child.parent or {}
         print(f"forked {parent.name} into {child.name}: uids {p.get('uid_from')}–{p.get('uid_to')} summarised in "

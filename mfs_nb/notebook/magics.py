@@ -167,13 +167,7 @@ class MfsMagics(MfsCommands, Magics, Configurable):
         name = name or self.session
         if name not in self._sessions:
             self._wait_for("store")
-            session = self._adopt(Session(name, store=self._get_store()))
-            if session.settings.notebook_tools:
-                from .tools import notebook_tools
-
-                for tool in notebook_tools(self.shell):
-                    session.register_tool(tool)
-            self._sessions[name] = session
+            self._adopt(Session(name, store=self._get_store()))
         return self._sessions[name]
 
     def _wait_for(self, stage: str) -> None:
@@ -350,7 +344,7 @@ class MfsMagics(MfsCommands, Magics, Configurable):
     @no_var_expand  # values are kept as typed: `{x}` and `$x` are not expanded (`%mfs pin` keeps them word for word)
     @line_magic
     def mfs(self, line: str) -> None:
-        """Session management: %mfs status | sessions | new NAME | use NAME | fork NAME [focus] | config [key=value …] | pin [key=value …] | unpin KEY … | optimize | ledger | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
+        """Session management: %mfs status | sessions | new NAME | use NAME | fork NAME [focus] | config [--session] [key=value …] | pin [key=value …] | unpin KEY … | optimize | ledger | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
         try:
             words = _split(line, literal=line.split(None, 1)[:1] == ["pin"])
             command, rest = (words[0], words[1:]) if words else ("status", [])
