@@ -31,6 +31,7 @@ class Quiet:
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._closed = False
         self.runs = 0
 
     def turn_started(self) -> None:
@@ -40,7 +41,7 @@ class Quiet:
     def turn_ended(self) -> None:
         """After a turn (whatever its outcome) or a background write (the recall index): start the
         clock again, and the thread if needed."""
-        if self._quiet_s() <= 0:
+        if self._quiet_s() <= 0 or self._closed:
             return
         with self._lock:
             self._last, self._due = time.monotonic(), True
@@ -56,7 +57,7 @@ class Quiet:
         while True:
             quiet = self._quiet_s()
             with self._lock:
-                if quiet <= 0 or not self._due:
+                if quiet <= 0 or not self._due or self._closed:
                     self._thread = None
                     return
                 left = self._last + quiet - time.monotonic()
@@ -68,10 +69,19 @@ class Quiet:
                 self._wake.wait(left)
                 continue
             try:
-                self._work(lambda started=turns: self._turns != started)
+                self._work(lambda started=turns: self._closed or self._turns != started)
             except Exception:  # maintenance is an optimisation; the work logs what it did
                 pass
             self.runs += 1
+
+    def close(self, wait_s: float = 0.0) -> None:
+        """No more runs; one under way stops between two tables, waited for up to `wait_s`."""
+        with self._lock:
+            self._closed, self._due = True, False
+            self._wake.set()
+            thread = self._thread
+        if wait_s and thread is not None and thread is not threading.current_thread():
+            thread.join(wait_s)
 
     def settled(self) -> bool:
         """Nothing written since the last fold, and no fold waiting or under way."""

@@ -1141,6 +1141,15 @@ class Session:
         """One row per memory-layer action and failure, oldest first."""
         return self.store.load_ledger(self.name)
 
+    def close(self, wait_s: float = 10.0) -> None:
+        """End this session's background work (the quiet-moment fold, the recall indexer) and write the
+        waiting call rows, waiting up to `wait_s` for each, as before its store is deleted. Nothing is
+        lost without it (the indexer resumes from its watermarks); the session can still be read."""
+        self._quiet.close()
+        self.indexer.close(wait_s)
+        self._quiet.close(wait_s)
+        self._flush_calls(wait_s)
+
     def _flush_calls(self, timeout: float | None = None) -> None:
         """Append the waiting call rows (a failed or timed-out write keeps them for the next batch)."""
         rows = list(self._calls_pending)

@@ -446,3 +446,23 @@ def test_vectors_are_stored_as_float16_and_an_older_float32_table_keeps_working(
     assert got[0]["uid"] == 3
     stored = db.open_table(st.recall_vectors_name("old/4d")).search().where("uid = 3").to_list()[0]["vector"]
     assert np.array_equal(np.float32(stored), np.float32([0.6, 0.8, 0.0, 0.0]))  # float32 kept exactly
+
+
+def test_a_closed_session_leaves_no_thread_writing_into_its_folder(tmp_path):
+    """A store folder deleted right after its last chat (a benchmark's temporary folder, a test's) must
+    not meet the recall indexer or the quiet fold still writing into it: `Session.close` ends both,
+    writes the waiting call rows, and the folder can go. The log reads back whole afterwards."""
+    import shutil
+
+    folder = tmp_path / "gone"
+    s = Session("closing", store=str(folder), llm=FakeLLM(prompt_tokens=300), quiet_maintenance_s=1)
+    for i in range(6):
+        s.chat(f"turn {i}: the pool stays under {20 + i}")
+    s.close()
+    alive = [t.name for t in threading.enumerate() if t.name in ("mfs-index-closing", "mfs-quiet-closing")]
+    assert alive == []
+    assert [e.content for e in Session("closing", store=str(folder), llm=FakeLLM()).events if e.role == "user"] \
+        == [f"turn {i}: the pool stays under {20 + i}" for i in range(6)]
+    s._quiet.turn_ended()  # a late write after close starts nothing
+    assert s._quiet._thread is None or not s._quiet._thread.is_alive()
+    shutil.rmtree(folder)  # raises 'Directory not empty' when a thread is still writing

@@ -129,7 +129,7 @@ def cell_cost(records: list[CellRecord], per_turn: int) -> dict[str, Any]:
         counts = s.token_counts(view)
         mine = set(uids)
         tokens = sum(c for c, u in zip(counts, view.uids) if u in mine)
-        s.indexer.close(wait_s=10)
+        s.close()
         return {"cells": len(records), "events": len(uids), "tokens": tokens,
                 "per_100": 100 * tokens / max(len(records), 1),
                 "failed": sum(1 for r in records if r.error)}

@@ -156,6 +156,7 @@ def run(data: Data, quick: bool, model: str | None = None, judge_model: str | No
                     results.setdefault(strategy, {}).setdefault(q["category"], []).append(
                         {**got, "correct": verdict, "f1": token_f1(got["answer"], gold),
                          "payload_tokens": sum(message_tokens(m) for m in payload)})
+            session.close()
     rows = []
     for strategy, by_cat in results.items():
         groups: list[tuple[str, list[dict[str, Any]]]] = [(f"{c} {CATEGORIES[c]}", by_cat[c]) for c in sorted(by_cat)]

@@ -262,10 +262,7 @@ def turn_time(root: Path, n: int, turns: int, pause: float = PAUSE_S) -> dict[st
         if index:
             out["embedded"] = s.indexer.progress()["vectors_upto"]
             out["backlog_left"] = s.last_uid - out["embedded"]
-            s.indexer.close()
-            thread = s.indexer._thread
-            if thread is not None:
-                thread.join(timeout=300)  # its store is about to be deleted
+            s.close(wait_s=300)  # its store is about to be deleted
         out[f"{label}_p50_ms"] = 1000 * statistics.median(times)
         out[f"{label}_p95_ms"] = 1000 * _pct(times, 0.95)
     return out

@@ -129,6 +129,7 @@ def _pressure(data: Data, quick: bool, window: int) -> dict[str, Any]:
             session.chat(user)
         k = session.calibration
         compactions = sum(r.get("kind") == "compaction" for r in session.ledger())
+        session.close()  # its indexer may still be writing into the folder about to be deleted
     rest = errors[1:]
     return {"window": window, "turns": len(turns), "calls": len(errors), "compactions": compactions,
             "mean_abs_error": statistics.fmean(abs(e) for e in rest), "max_abs_error": max(abs(e) for e in rest),
