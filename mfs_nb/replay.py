@@ -112,7 +112,8 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
            store: str | None = None, payloads: str | Path | None = None, session: str = "replay",
            on_call: Callable[[Any, Any], None] | None = None, keep: Callable[[Any], None] | None = None,
            on_start: Callable[[Any], None] | None = None, **settings: Any) -> dict[str, Any]:
-    """Run the transcript through a fresh session; return the report (see README, `replay`).
+    """Run the transcript through a fresh session; return the report (its fields: docs/guide/sessions.md,
+    "Replay a recorded conversation").
 
     `on_start(session)` sees the fresh session before the first message (e.g. to pin values);
     `on_call(session, plan)` sees each call's plan (payload and pressure); `keep(session)` sees the

@@ -1,5 +1,6 @@
 """A team gateway: `api_base` points to a litellm proxy that holds the provider's key and the team's
-models, and each person uses a key of their own (README, "Team gateway").
+models, and each person uses a key of their own (docs/guide/stores.md, "A team gateway"; how it is
+tested: CONTRIBUTING.md, "The gateway test").
 
 The proxy runs from its own environment, as a team's gateway would (the `litellm[proxy]` extra pins
 packages the notebook's environment does not need): `MFS_LITELLM_PROXY` names its `litellm`
@@ -47,7 +48,7 @@ def _up(url: str) -> bool:
 def gateway(tmp_path_factory):
     proxy = _proxy()
     if proxy is None:
-        why = "no litellm proxy (set MFS_LITELLM_PROXY, or see README, \"Team gateway\")"
+        why = "no litellm proxy (set MFS_LITELLM_PROXY, or see CONTRIBUTING.md, \"The gateway test\")"
         if os.environ.get("MFS_REQUIRE_GATEWAY"):
             pytest.fail(f"gateway test required but {why}")
         pytest.skip(why)

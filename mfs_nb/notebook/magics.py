@@ -1,8 +1,8 @@
 """The IPython boundary: `%%chat`, `%recall`, `%mfs` (docs/architecture.md, "What the user sees").
 
-One error policy (README, "Mistakes and errors"): every mistake a person can make in an mfs cell —
-a bad option, an empty cell, a malformed range, a bad setting, a failed call — prints one line
-`mfs: …` on stderr, leaves the session usable, and does not stop Run All. Settings are traitlets, so `%config MfsMagics.model = "…"` works, and each
+One error policy (docs/guide/errors.md, "One line, and Run All goes on"): every mistake a person can
+make in an mfs cell — a bad option, an empty cell, a malformed range, a bad setting, a failed call —
+prints one line `mfs: …` on stderr, leaves the session usable, and does not stop Run All. Settings are traitlets, so `%config MfsMagics.model = "…"` works, and each
 value is validated before it is applied.
 """
 
