@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 from mfs_nb.bench.data import to_openai
@@ -59,7 +60,17 @@ def test_tokens_suite_runs_and_regenerates_its_docs_section(tmp_path, capsys):
         assert main(["bench", "tokens", "--quick", "--data", str(data), "--docs", str(docs), "--json", str(out)]) == 0
     text = docs.read_text()
     assert "hand-written intro stays" in text and text.count("<!-- bench:tokens -->") == 1
-    assert "MAE vs o200k_base" in text and "mfs-nb bench tokens --quick" in text
+    assert text.count("<!-- bench:summary -->") == 1 and text.index("bench:summary") < text.index("bench:tokens")
+    # the page holds the headline figures beside their bars; every table is on the suite's own page
+    full = (tmp_path / "benchmarks" / "tokens.md").read_text()
+    assert "MAE vs o200k_base" in full and "Pressure shown before each call" in full
+    assert "MAE vs o200k_base" not in text and "mfs-nb bench tokens --quick" in text
+    assert "(benchmarks/tokens.md)" in text and "(../benchmarks.md#s0-token-accounting)" in full
+    summary = text.split("<!-- bench:summary -->")[1].split("<!-- /bench:summary -->")[0]
+    row = next(line for line in summary.splitlines() if line.startswith("| [tokens](#s0-token-accounting)"))
+    figure = row.split(" | ")[2]
+    assert re.fullmatch(r"\d+\.\d%", figure), row  # read from the suite's own table, not a placeholder
+    assert "(quick)" in row
     result = json.loads(out.read_text())["suites"]["tokens"]
     mae = result["metrics"]["message_mae"]["o200k_base"]
     assert set(mae) == {"English chat (LoCoMo)", "Chinese chat (KdConv, CrossWOZ)",
@@ -116,11 +127,28 @@ def test_verbatim_probe_scoring_and_naive_track():
 def test_store_suite_measures_a_growing_log_and_maintenance_bounds_its_versions(tmp_path, monkeypatch):
     from mfs_nb.bench import storebench
 
-    monkeypatch.setattr(storebench, "TURNS", 4)
     monkeypatch.setattr(storebench, "IMPORT_BATCH", 100)
-    r = storebench.measure(tmp_path, [f"turn text number {i} about the pool" for i in range(50)], 300)
+    r = storebench.measure(tmp_path, [f"turn text number {i} about the pool" for i in range(50)], 300, turns=4)
     assert r["events"] == 300 and r["write_p95_ms"] >= r["write_p50_ms"] > 0 and r["load_s"] > 0
     assert r["versions"] >= 3 + 2 * 4  # an import batch and then each event of a turn is a version
     assert r["versions_after"] <= 2 and r["fragments_after"] == 1 and r["mb_after"] < r["mb"]
     store = storebench.Store(tmp_path / "s300")
     assert [e.uid for e in store.load_events("big")] == list(range(1, 309))  # 300 imported, 4 turns of 2
+
+
+def test_every_headline_reads_a_figure_from_its_suites_tables_on_the_page():
+    """The summary at the top of docs/benchmarks.md is read from each suite's own tables by caption,
+    row and column: a renamed caption or column must fail here, not leave a '—' on the page."""
+    from pathlib import Path
+
+    from mfs_nb.bench import SUITES
+    from mfs_nb.bench.headlines import HEADLINES, headline_rows, parse_section
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    assert set(HEADLINES) <= set(SUITES)
+    for name in HEADLINES:
+        parsed = parse_section((docs / "benchmarks" / f"{name}.md").read_text(encoding="utf-8"))
+        rows = headline_rows(name, parsed["tables"])
+        assert rows and all(figure != "—" for _, figure, _ in rows), (name, rows)
+    page = (docs / "benchmarks.md").read_text(encoding="utf-8")
+    assert len(page.encode()) <= 40_000 and page.index("<!-- bench:summary -->") < page.index("## How facts")

@@ -1,0 +1,191 @@
+"""Each suite's headline: the figure a person reads first, in plain words, beside the bar it is held to.
+
+A headline is read from the suite's own tables (by caption, row and column), never from its
+metrics, so the same reading serves a fresh result and a section already on the page
+(`parse_section`): the summary at the top of `docs/benchmarks.md` is rebuilt from whatever the page
+holds, each row with the run it came from. Bars are the design's reference figures (DESIGN §10) and
+the issues' own bars; "—" where a suite has none.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Tables = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Headline:
+    words: str  # what is measured, in plain words
+    bar: str  # the bar it is held to
+    read: Callable[[Tables], str]  # the figure, from the suite's tables ('—' where absent)
+
+
+def _table(tables: Tables, caption: str) -> dict[str, Any] | None:
+    return next((t for t in tables if str(t.get("caption", "")).startswith(caption)), None)
+
+
+def _rows(tables: Tables, caption: str, **where: str) -> tuple[list[str], list[list[str]]]:
+    """The columns of the table whose caption starts with `caption`, and its rows whose named
+    columns (underscores for spaces) hold exactly the given values."""
+    table = _table(tables, caption)
+    if table is None:
+        return [], []
+    cols = [str(c) for c in table["columns"]]
+    want = {k.replace("_", " "): v for k, v in where.items()}
+    if any(k not in cols for k in want):
+        return cols, []
+    rows = [[str(c) for c in r] for r in table["rows"]]
+    return cols, [r for r in rows if all(r[cols.index(k)] == v for k, v in want.items())]
+
+
+def cell(caption: str, column: str, first: bool = False, **where: str) -> Callable[[Tables], str]:
+    """The value in `column` of the last row that matches (`first`: the first; `where` empty: any row)."""
+    def read(tables: Tables) -> str:
+        cols, rows = _rows(tables, caption, **where)
+        return rows[0 if first else -1][cols.index(column)] if rows and column in cols else "—"
+    return read
+
+
+def _percent(value: str) -> float | None:
+    m = re.match(r"\s*(-?[\d.]+)%", value)
+    return float(m.group(1)) if m else None
+
+
+def _at_least_best(tables: Tables) -> str:
+    cols, rows = _rows(tables, "mfs_nb against the best baseline")
+    if not rows or "ratio" not in cols:
+        return "—"
+    ratios = [r[cols.index("ratio")] for r in rows]
+    won = sum(1 for x in ratios if x == "∞" or (x.endswith("×") and float(x[:-1]) >= 1.0))
+    return f"{won} of {len(rows)} runs"
+
+
+def _adversary(tables: Tables) -> str:
+    cols, rows = _rows(tables, "mfs_nb against the best baseline")
+    col = "adversarial (max)"
+    values = [_percent(r[cols.index(col)]) for r in rows] if col in cols else []
+    values = [v for v in values if v is not None]
+    return f"{max(values):.1f}%" if values else "—"
+
+
+def _production(tables: Tables) -> str:
+    cols, rows = _rows(tables, "The production comparison against")
+    col = "≥ 3 × (and ≥ 60 %)"
+    if not rows or col not in cols:
+        return "—"
+    return f"{sum(r[cols.index(col)] == 'yes' for r in rows)} of {len(rows)} kinds"
+
+
+HEADLINES: dict[str, list[Headline]] = {
+    "tokens": [
+        Headline("token estimate vs the provider's count, held-out English chat (mean error per message)",
+                 "MAE 8.3 % (the seed's, on fixtures)",
+                 cell("Message-level", "MAE vs o200k_base", set="held out",
+                      text_class="English chat (tau-bench airline)")),
+        Headline("the meter vs the provider's count before each call at 8k (mean error)", "—",
+                 cell("Pressure shown", "mean |error|", window="8k")),
+    ],
+    "clearing": [
+        Headline("tokens sent that clearing old tool results saves, first coding session", "—",
+                 cell("Each session replayed", "tokens sent saved", session="258c7280")),
+        Headline("calls over the window without → with clearing, same session", "0 with clearing",
+                 cell("Each session replayed", "calls over window", session="258c7280")),
+    ],
+    "compaction": [
+        Headline("prefix-cache ratio of ordinary calls, LoCoMo conv-26 compacted at 8k", "≥ 99 % (seed 99.3 %)",
+                 cell("Replays", "prefix-cache ratio, ordinary calls", conversation="LoCoMo conv-26", window="8k")),
+        Headline("coverage check of 3,000 segments", "3.6 ms (seed)",
+                 cell("Checks", "result", check="coverage check, 3,000 segments")),
+    ],
+    "consolidation": [
+        Headline("compacted messages a summary in the payload still covers, longest conversation at 32k", "—",
+                 cell("Runs.", "compacted uids mapped", first=True, window="32k", mode="consolidation")),
+        Headline("prefix-cache ratio over all calls, same run", "≥ 97 % (issue 43)",
+                 cell("Runs.", "prefix ratio, all calls", first=True, window="32k", mode="consolidation")),
+    ],
+    "verbatim": [
+        Headline("your own words kept word for word after compaction (mean over runs)", "~90 % (seed; < 30 % before)",
+                 cell("Own-words survival", "mfs: compacted own words kept")),
+        Headline("own words taken for a quote, English probe set", "≤ 5 % (else quote detection turns off)",
+                 cell("Probe set", "own words mislabelled", language="EN")),
+    ],
+    "baselines": [
+        Headline("runs where mfs_nb keeps at least as many stated facts in context as the best baseline, "
+                 "at equal budget", "every run", _at_least_best),
+        Headline("the best adversarial strategy (a bag of facts, a bare uid map) on the same measure",
+                 "≤ 5 %", _adversary),
+        Headline("working-set kinds where mfs_nb's payload keeps ≥ 3 × what Claude Code's own summary keeps",
+                 "every kind (issue 14)", _production),
+    ],
+    "ux": [
+        Headline("`%load_ext mfs_nb`", "≤ 0.2 s", cell("targets", "median", step="`%load_ext mfs_nb`")),
+        Headline("the first offline `%%chat` the instant `%load_ext` returns", "≤ 2 s",
+                 cell("targets", "median", step="first offline `%%chat` sent the instant `%load_ext` returns "
+                                                 "(waits for the warm-up's import of the store libraries)")),
+    ],
+    "recall": [
+        Headline("LoCoMo questions with an evidence turn in search's top 10", "85 % (issue 44)",
+                 cell("LoCoMo evidence", "hit@10", category="all", method="hybrid")),
+        Headline("share of evidence turns in the top 10 (r@10)", "≈ 0.48 for plain embeddings (published)",
+                 cell("LoCoMo evidence", "r@10", category="all", method="hybrid")),
+    ],
+    "recall_speed": [
+        Headline("search p95 at the largest size measured (ms)", "—", cell("Search latency", "search p95 ms")),
+    ],
+    "notebook": [
+        Headline("prefix-cache ratio of ordinary calls with the budget note on, 8k", "≥ 99 % (seed 99.3 %)",
+                 cell("Prefix-cache ratio", "prefix ratio", window="8k", mode="note on")),
+    ],
+    "store": [
+        Headline("write per turn at the largest local log measured, p95 (ms)", "—",
+                 cell("One session", "write/turn p95 ms", store="local")),
+        Headline("events lost or duplicated by 4 writers at once on object storage", "0",
+                 lambda t: "/".join(cell("Several writers", c, store="S3 (loopback)")(t) for c in ("lost", "duplicated"))),
+    ],
+    "chats": [
+        Headline("median chat, last 100 ÷ first 100", "≤ 1.3", cell("The bars", "this run", bar="≤ 1.3")),
+        Headline("memory growth after the first 100 chats", "≤ 200 MB", cell("The bars", "this run", bar="≤ 200 MB")),
+        Headline("slowest chat", "≤ 2,000 ms", cell("The bars", "this run", bar="≤ 2,000 ms")),
+    ],
+}
+
+
+def headline_rows(name: str, tables: Tables) -> list[list[str]]:
+    """[measure, this run, bar] for each of the suite's headlines."""
+    return [[h.words, h.read(tables), h.bar] for h in HEADLINES.get(name, [])]
+
+
+def _unescape(cell_text: str) -> str:
+    return cell_text.replace("\\|", "|").strip()
+
+
+def parse_section(markdown: str) -> dict[str, Any]:
+    """The title, run line and tables of a section `render_markdown` wrote (the inverse of it, for
+    the tables: caption, columns, rows)."""
+    title = re.search(r"^## (.+)$", markdown, re.M)
+    run = re.search(r"^_`mfs-nb bench .+_$", markdown, re.M)
+    tables: Tables = []
+    caption = ""
+    lines = markdown.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("**") and line.endswith("**"):
+            caption = line[2:-2]
+        elif line.startswith("| ") and i + 1 < len(lines) and lines[i + 1].startswith("|---"):
+            split = re.compile(r"(?<!\\)\|")
+            cols = [_unescape(c) for c in split.split(line)[1:-1]]
+            rows = []
+            i += 2
+            while i < len(lines) and lines[i].startswith("|"):
+                rows.append([_unescape(c) for c in split.split(lines[i])[1:-1]])
+                i += 1
+            tables.append({"caption": caption, "columns": cols, "rows": rows})
+            caption = ""
+            continue
+        i += 1
+    return {"title": title.group(1) if title else "", "run": run.group(0) if run else "", "tables": tables}
