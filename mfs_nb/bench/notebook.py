@@ -31,6 +31,7 @@ from .data import Data, to_openai
 NAME = "notebook"
 NEEDS = ("locomo", "claude_code_sessions")
 WINDOWS = (8_000, 32_000)
+QUICK_MESSAGES = 300  # quick: the conversation's first 300 messages (at 8k it still compacts)
 PINS = {"project": "orders-pipeline v2", "db": "postgres://db-eu-1:5433/orders", "owner": "data-platform team",
         "deadline": "2026-12-15", "budget": "p95 latency under 200 ms"}
 MODES = (("no note, no slot", False, False), ("note on", True, False), ("note on + 5 pinned values", True, True))
@@ -144,6 +145,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     metrics: dict[str, Any] = {"prefix": {}, "cells": {}}
     for conv in convs:
         messages = normalise(to_openai(conv["messages"]))
+        if quick:
+            messages = messages[:QUICK_MESSAGES]
         for window in windows:
             for label, note, pins in MODES:
                 r = run_prefix(messages, window, note, pins)
@@ -178,6 +181,6 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "of everything after the slot, recorded in its ledger row (`cache_miss_tokens`).",
             "Cells: an error is a line of the command's output that starts like an error (error, …Error, "
             "Exception, Traceback, fatal:, exit code 1-9); cell records are built here, not by the cell log's hooks.",
-        ],
+        ] + ([f"quick run: one conversation's first {QUICK_MESSAGES} messages at 8k, 300 cells"] if quick else []),
         "metrics": metrics,
     }
