@@ -87,6 +87,7 @@ PTL_TRIES = 3
 HISTORY = 2_000  # calls kept for the ledger plot
 CALLS_BATCH = 20  # history rows written together; the rest at the interpreter's exit (a crash loses at most these)
 KNOWLEDGE_TOOLS = ("remember", "forget")
+NOTEBOOK_TOOLS = ("inspect_variable", "cell_output")  # registered by the notebook (notebook/tools.py)
 QUIET_KEEP_S = 30.0  # versions the quiet-moment fold keeps, for a read under way in another kernel
 
 
@@ -344,12 +345,18 @@ class Session:
     def _system(self) -> str:
         return system_prompt(self.settings.system_prompt)
 
-    def _tool_schemas(self, settings: Settings | None = None) -> list[dict[str, Any]]:
+    def _offered(self, settings: Settings | None = None) -> dict[str, Tool]:
+        """The tools the model is offered: none with `tools` off, the knowledge slot's only with a slot,
+        the notebook's only with `notebook_tools` on; read at each call, so a change applies to the next."""
         settings = settings or self.settings
         if not settings.tools:
-            return []
-        off = KNOWLEDGE_TOOLS if not settings.knowledge_share else ()
-        return [t.schema() for t in self.tools.values() if t.name not in off]
+            return {}
+        off = (KNOWLEDGE_TOOLS if not settings.knowledge_share else ()) + \
+            (NOTEBOOK_TOOLS if not settings.notebook_tools else ())
+        return {name: t for name, t in self.tools.items() if name not in off}
+
+    def _tool_schemas(self, settings: Settings | None = None) -> list[dict[str, Any]]:
+        return [t.schema() for t in self._offered(settings).values()]
 
     def _tool_schema_tokens(self, settings: Settings | None = None) -> int:
         schemas = self._tool_schemas(settings)
@@ -936,7 +943,7 @@ class Session:
             for call in completion.tool_calls:
                 fn = call.get("function") or {}
                 try:
-                    result = call_tool(self.tools, fn.get("name", ""), fn.get("arguments", ""))
+                    result = call_tool(self._offered(), fn.get("name", ""), fn.get("arguments", ""))
                 except Exception as exc:  # pairing never breaks: every call gets a result event
                     result = f"error: the tool call could not be executed ({type(exc).__name__})"
                 event = self.record("tool", result, tool_call_id=call["id"], name=fn.get("name", ""))

@@ -201,7 +201,20 @@ def test_magics_register_notebook_tools_unless_opted_out(tmp_path, monkeypatch):
     try:
         shell.run_line_magic("load_ext", "mfs_nb")
         magics = shell.magics_manager.registry["MfsMagics"]
-        assert {"recall_history", "inspect_variable", "cell_output"} <= set(magics.get_session().tools)
+        session = magics.get_session()
+        offered = lambda: {t["function"]["name"] for t in session._tool_schemas()}  # noqa: E731
+        assert {"recall_history", "inspect_variable", "cell_output"} <= offered()
+        # turned off on an open session, the notebook's tools leave the very next call, and a call the
+        # model still makes to one is answered as an unknown tool, not run
+        shell.run_line_magic("mfs", "config notebook_tools=false")
+        assert "recall_history" in offered() and not {"inspect_variable", "cell_output"} & offered()
+        shell.user_ns["secret_frame"] = 42
+        from mfs_nb.tools import call_tool
+
+        assert call_tool(session._offered(), "inspect_variable", '{"name": "secret_frame"}').startswith(
+            "error: unknown tool")
+        shell.run_line_magic("mfs", "config notebook_tools=true")
+        assert {"inspect_variable", "cell_output"} <= offered()
         shell.run_line_magic("mfs", "config tools=false")
         assert magics.get_session()._tool_schemas() == []
     finally:

@@ -60,16 +60,15 @@ class NotebookChoices:
 
     def _adopt(self, session: Any) -> Any:
         """Make a session this notebook's: its settings, except those the session keeps as its own,
-        and the tools that read the notebook (unless the session turned them off); kept open here."""
+        and the tools that read the notebook (offered while `notebook_tools` is on); kept open here."""
         values = {k: v for k, v in self._person.items()
                   if k not in session.overrides and getattr(session.settings, k) != v}
         if values:
             session.configure(**values)
-        if session.settings.notebook_tools:
-            from .tools import notebook_tools
+        from .tools import notebook_tools
 
-            for tool in notebook_tools(self.shell):
-                session.register_tool(tool)
+        for tool in notebook_tools(self.shell):
+            session.register_tool(tool)
         self._sessions[session.name] = session
         return session
 
