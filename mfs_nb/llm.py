@@ -24,7 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import prompt_cache
 from .errors import LLMError, PromptTooLong
+from .prompt_cache import CacheHints
 from .settings import OFFLINE_MODEL
 
 _litellm: Any = None
@@ -140,6 +142,8 @@ class LLM:
         self._serving = "primary"
         self.last_switch_reason = ""
         self.switches = 0
+        self.no_cache: set[str] = set()  # endpoints that refused the prompt-cache hints
+        self.notes: list[str] = []
 
     # -- state ---------------------------------------------------------------------------
     @property
@@ -208,14 +212,16 @@ class LLM:
         stream: bool = True,
         on_delta: Callable[[str], None] | None = None,
         on_reset: Callable[[], None] | None = None,
+        cache: CacheHints | None = None,
     ) -> Completion:
-        """Call the model; on a transport failure try the other endpoint once."""
+        """Call the model; on a transport failure try the other endpoint once. `cache`: where the
+        request's stable points are, applied by each endpoint's own rules (`prompt_cache`)."""
         order = self._order()
         last: _Switch | None = None
         for i, endpoint in enumerate(order):
             started = time.monotonic()
             try:
-                result = self._call(endpoint, messages, tools, stream, on_delta)
+                result = self._call(endpoint, messages, tools, stream, on_delta, cache)
             except _Switch as exc:
                 last = exc
                 if i + 1 < len(order):
@@ -233,7 +239,7 @@ class LLM:
         raise LLMError(f"{names} endpoint{'s' if len(order) > 1 else ''} failed: {last.reason}")
 
     def _call(self, endpoint: Endpoint, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
-              stream: bool, on_delta: Callable[[str], None] | None) -> Completion:
+              stream: bool, on_delta: Callable[[str], None] | None, cache: CacheHints | None = None) -> Completion:
         if is_offline(endpoint.model) and not endpoint.api_base:
             from . import offline  # answered in-process: the first offline reply never waits for litellm
 
@@ -254,6 +260,7 @@ class LLM:
             kwargs["api_key"] = key
         if tools:
             kwargs["tools"] = tools
+        hinted = self._hint(endpoint, kwargs, cache)
         try:
             if stream:
                 kwargs["stream"] = True
@@ -264,7 +271,34 @@ class LLM:
         except (_Switch, LLMError):
             raise
         except Exception as exc:
+            if hinted and getattr(exc, "status_code", None) == 400 and prompt_cache.rejected(str(exc)):
+                # the endpoint refuses the hints: this call again without them, and none from now on
+                self.no_cache.add(endpoint.describe())
+                self.notes.append(f"{endpoint.model} refused the prompt-cache hints; sent without them from now on")
+                return self._call(endpoint, messages, tools, stream, on_delta, None)
             raise _classify(exc, endpoint) from exc
+
+    def _hint(self, endpoint: Endpoint, kwargs: dict[str, Any], cache: CacheHints | None) -> bool:
+        """Put the endpoint family's cache hints into the request: breakpoints for Anthropic-style
+        models, a `prompt_cache_key` for OpenAI ones, nothing for the rest or for an endpoint that
+        refused them. Returns whether any hint was added."""
+        if cache is None or endpoint.describe() in self.no_cache:
+            return False
+        kind = prompt_cache.family(endpoint.model)
+        if kind == "anthropic":
+            kwargs["messages"], tools, placed = prompt_cache.mark(kwargs["messages"], kwargs.get("tools"), cache)
+            if tools:
+                kwargs["tools"] = tools
+            return placed > 0
+        if kind == "openai" and cache.key:
+            kwargs["prompt_cache_key"] = cache.key
+            return True
+        return False
+
+    def take_notes(self) -> list[str]:
+        """Notices for the person since the last call (a refused hint), once each."""
+        notes, self.notes = self.notes, []
+        return notes
 
     def _consume_stream(self, endpoint: Endpoint, chunks: Any, on_delta: Callable[[str], None] | None) -> Completion:
         parts: list[str] = []
@@ -321,6 +355,11 @@ def _from_response(endpoint: Endpoint, response: Any) -> Completion:
                       endpoint.label, endpoint.model)
 
 
+def _field(raw: Any, name: str) -> int:
+    value = raw.get(name) if isinstance(raw, dict) else getattr(raw, name, 0)
+    return value if isinstance(value, int) and value > 0 else 0
+
+
 def _usage(raw: Any) -> dict[str, int] | None:
     """Provider usage as plain ints; None when missing or malformed (it then never anchors)."""
     if raw is None:
@@ -331,9 +370,13 @@ def _usage(raw: Any) -> dict[str, int] | None:
         completion = raw.get("completion_tokens") if isinstance(raw, dict) else getattr(raw, "completion_tokens", 0)
         details = raw.get("prompt_tokens_details") if isinstance(raw, dict) else getattr(raw, "prompt_tokens_details", None)
         cached = (details.get("cached_tokens") if isinstance(details, dict) else getattr(details, "cached_tokens", 0)) or 0
+        # Anthropic (through litellm): reads and writes of its cache; a write costs more than an input token
+        read = _field(raw, "cache_read_input_tokens")
+        written = _field(raw, "cache_creation_input_tokens")
         if prompt < 0:
             return None
-        return {"prompt_tokens": prompt, "completion_tokens": int(completion or 0), "cached_tokens": int(cached)}
+        return {"prompt_tokens": prompt, "completion_tokens": int(completion or 0),
+                "cached_tokens": int(cached or read), "cache_write_tokens": int(written)}
     except (AttributeError, TypeError, ValueError):
         return None
 

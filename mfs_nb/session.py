@@ -8,6 +8,7 @@ persistence of each event the moment it exists, and the tool loop.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
 import random
@@ -45,6 +46,7 @@ from .origin import (
     looks_like_document,
     split_quote,
 )
+from .prompt_cache import fingerprint, hints_for
 from .quiet import Quiet
 from .search import METHODS as SEARCH_METHODS
 from .search import Results
@@ -200,6 +202,9 @@ class Session:
         self._llm: ChatModel | None = llm
         self._summarizer: ChatModel | None = None
         self._window: int | None = None
+        # prompt caching (prompt_cache.py): one key per session, and the last call's anchor
+        self._cache_key = "mfs-" + hashlib.sha256(f"{self.store.uri}\x1f{name}".encode()).hexdigest()[:24]
+        self._cache_anchor: tuple[int, str] | None = None
         self.tools: dict[str, Tool] = {}
         self.register_tool(Tool("recall_history", RECALL_DESCRIPTION, RECALL_SCHEMA, self._recall_tool))
         self.register_tool(Tool("recall_search", SEARCH_DESCRIPTION, SEARCH_SCHEMA, self._search_tool))
@@ -699,12 +704,14 @@ class Session:
         view = view or self.send_view()
         profile = self.profile()
         tokens, source = self._meter.pressure(view, self.token_counts(view), self._tool_schema_tokens())
-        cache = None
-        if self._last_provider_usage and self._last_provider_usage.get("cached_tokens"):
-            prompt = self._last_provider_usage["prompt_tokens"] or 1
-            cache = self._last_provider_usage["cached_tokens"] / prompt
+        cache = written = None
+        last = self._last_provider_usage
+        if last and (last.get("cached_tokens") or last.get("cache_write_tokens")):
+            prompt = last["prompt_tokens"] or 1
+            cache = last.get("cached_tokens", 0) / prompt
+            written = last.get("cache_write_tokens", 0) / prompt or None
         return Usage(tokens, profile.window_tokens, profile.effective, profile.tier(tokens), source, self.name,
-                     cache, self._last_prefix_ratio)
+                     cache, self._last_prefix_ratio, cache_write_ratio=written)
 
     @property
     def calibration(self) -> float:
@@ -717,6 +724,10 @@ class Session:
             return []
         note = self._meter.observe(view, self.token_counts(view), usage, self._tool_schema_tokens())
         self._last_provider_usage = usage  # saved with the session at the end of the turn
+        if self.history:  # this call's row: what the provider read from its cache and wrote to it
+            self.history[-1].update(prompt_tokens=usage.get("prompt_tokens", 0),
+                                    cache_read=usage.get("cached_tokens", 0),
+                                    cache_write=usage.get("cache_write_tokens", 0))
         if note:
             self._log("calibration", k=round(self._meter.k, 4), note=note)
             return [note]
@@ -758,9 +769,9 @@ class Session:
         self.history.append(entry)
         if len(self.history) > 2 * HISTORY:
             del self.history[:-HISTORY]  # memory does not grow with the number of calls
-        self._calls_pending.append(entry)
         if len(self._calls_pending) >= CALLS_BATCH:
-            self._flush_calls()
+            self._flush_calls()  # before this call's row, which the provider's usage completes after the reply
+        self._calls_pending.append(entry)
         self._last_prefix_ratio = self._prefix_ratio(view)
         self._last_payload = view.messages
         self.last_plan = CallPlan(view, usage, notices)
@@ -1030,8 +1041,8 @@ class Session:
         view = plan.view
         for attempt in range(PTL_TRIES + 1):
             try:
-                return self.llm.complete(self.sent_messages(view, plan.usage), tools=tools, stream=stream,
-                                         on_delta=on_delta, on_reset=on_reset), view
+                return self._complete(view, self.sent_messages(view, plan.usage), tools, stream, on_delta,
+                                      on_reset, notices), view
             except PromptTooLong as exc:
                 if attempt == PTL_TRIES:
                     raise PromptTooLong(f"the request is still too long after {PTL_TRIES} retries ({exc}); "
@@ -1048,6 +1059,25 @@ class Session:
                                "the provider said the request was too long; retried with fewer rounds")
                 view = smaller
         raise AssertionError("unreachable")
+
+    def _complete(self, view: SendView, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                  stream: bool, on_delta: Callable[[str], None] | None, on_reset: Callable[[], None] | None,
+                  notices: list[str]) -> Completion:
+        """One request. The litellm client is also told where the payload's stable points are, and
+        applies each endpoint's cache rules to them (`prompt_cache`); an injected model gets the bare call."""
+        if not (self.settings.prompt_cache and isinstance(self.llm, LLM)):
+            return self.llm.complete(messages, tools=tools, stream=stream, on_delta=on_delta, on_reset=on_reset)
+        last = view.messages[-1].get("content") if view.messages else None
+        note = messages[-1]["content"][len(last):] if messages is not view.messages and isinstance(last, str) else ""
+        hints = hints_for(view.layers, len(messages), note, self._cache_key, self._cache_anchor, view.messages)
+        try:
+            completion = self.llm.complete(messages, tools=tools, stream=stream, on_delta=on_delta,
+                                           on_reset=on_reset, cache=hints)
+        finally:
+            notices.extend(self.llm.take_notes())
+        if hints.anchor is not None:  # the next call may mark this anchor again if all before it is unchanged
+            self._cache_anchor = (hints.anchor, fingerprint(view.messages, hints.anchor))
+        return completion
 
     def record_user(self, text: str, *, quote: bool = False, attached: Sequence[tuple[str, str]] = (),
                     own: bool = False, notices: list[str] | None = None, origin: str = "user") -> Event:

@@ -46,6 +46,7 @@ class Settings:
     fact_share: float = 0.15  # the fact track's budget (fact lines of evicted or over-budget history; 0: none)
     verbatim_share: float = 0.15  # the user-verbatim track's budget, a share of the usable window (0: no track)
     knowledge_share: float = 0.05  # the knowledge slot's budget (pinned / remembered values; 0: no slot, no tools)
+    prompt_cache: bool = True  # cache breakpoints for Anthropic-style models, a prompt_cache_key for OpenAI ones
     show_budget: bool = True  # a one-line note at the tail of each request: context share and the compaction line
     cell_log: bool = True  # in a notebook, executed code cells join the session as compact events
     recall_index: bool = True  # index every event and segment for recall_search (in the background)

@@ -82,6 +82,7 @@ class Usage:
     cache_ratio: float | None = None  # provider-reported cached share of the last call
     prefix_ratio: float | None = None  # share of the last payload identical to the one before
     sent_tokens: int | None = None  # after a reply: the tokens of the last request sent in that turn
+    cache_write_ratio: float | None = None  # provider-reported share of the last call written to its cache
 
     @property
     def ratio(self) -> float:
@@ -108,7 +109,8 @@ class Usage:
             ctx += f" (sent at {percent(self.sent_tokens, self.effective)})"
         parts = [ctx, f"{human(self.tokens)} of {human(self.effective)} usable"]
         if self.cache_ratio is not None:
-            parts.append(f"cache {self.cache_ratio:.1%}")
+            written = f" (+{self.cache_write_ratio:.1%} written)" if self.cache_write_ratio else ""
+            parts.append(f"cache {self.cache_ratio:.1%}{written}")
         elif self.prefix_ratio is not None:
             parts.append(f"prefix {self.prefix_ratio:.1%}")
         if self.tier != "ok":

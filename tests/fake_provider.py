@@ -55,6 +55,39 @@ class FakeProvider:
         h.end_headers()
         h.wfile.write(data)
 
+    def _anthropic_cache(self, body: dict[str, Any]) -> dict[str, int]:
+        """Input, cache-read and cache-write tokens of a Messages request (a token: 4 bytes of JSON)."""
+        import hashlib
+
+        blocks: list[dict[str, Any]] = list(body.get("tools") or [])
+        system = body.get("system") or []
+        blocks += [{"type": "text", "text": system}] if isinstance(system, str) else list(system)
+        for message in body.get("messages") or []:
+            content = message.get("content")
+            blocks += [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+        digest = hashlib.sha256()
+        ends: list[tuple[str, int, bool]] = []  # prefix hash, tokens up to here, marked
+        tokens = 0
+        for block in blocks:
+            plain = {k: v for k, v in block.items() if k != "cache_control"}
+            digest.update(json.dumps(plain, sort_keys=True).encode())
+            tokens += max(1, len(json.dumps(plain)) // 4)
+            ends.append((digest.hexdigest(), tokens, "cache_control" in block))
+        store = self.__dict__.setdefault("cache", {})
+        read = 0
+        for i, (_, _, marked) in enumerate(ends):
+            if marked:
+                for key, upto, _ in ends[max(0, i - 19):i + 1]:
+                    if key in store:
+                        read = max(read, upto)
+        last = max((upto for _, upto, marked in ends if marked), default=0)
+        for key, upto, marked in ends:
+            if marked:
+                store[key] = upto
+        write = max(0, last - read)
+        return {"input_tokens": tokens - read - write, "cache_read_input_tokens": read,
+                "cache_creation_input_tokens": write}
+
     def handle(self, h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
         if h.path.rstrip("/").endswith("/messages"):  # Anthropic's Messages API
             self.anthropic(h, body)
@@ -126,9 +159,15 @@ class FakeProvider:
         h.wfile.flush()
 
     def anthropic(self, h: BaseHTTPRequestHandler, body: dict[str, Any]) -> None:
-        """An Anthropic Messages reply (JSON, or its server-sent events when `stream`), mode ok only."""
-        usage = {"input_tokens": 42, "output_tokens": 4, "cache_read_input_tokens": 0,
-                 "cache_creation_input_tokens": 0}
+        """An Anthropic Messages reply (JSON, or its server-sent events when `stream`). Modes: ok;
+        nocache (a 400 naming cache_control for any request that carries one). It caches as the API
+        does (`cache`): the prefix up to each marked block is written, and a request reads the longest
+        prefix written before that ends at one of its blocks within 20 before a mark."""
+        if self.mode == "nocache" and "cache_control" in json.dumps(body):
+            self._json(h, 400, {"type": "error", "error": {"type": "invalid_request_error",
+                                                           "message": "cache_control: Extra inputs are not permitted"}})
+            return
+        usage = {"output_tokens": 4, **self._anthropic_cache(body)}
         message = {"id": "msg_x", "type": "message", "role": "assistant", "model": body.get("model"),
                    "content": [{"type": "text", "text": self.reply}], "stop_reason": "end_turn",
                    "stop_sequence": None, "usage": usage}

@@ -46,7 +46,7 @@ def test_ok_primary_streams_and_captures_usage(servers, stream):
     deltas: list[str] = []
     result = _llm(a, None).complete([{"role": "user", "content": "hi"}], stream=stream, on_delta=deltas.append)
     assert result.text == "one two three" and result.endpoint == "primary"
-    assert result.usage == {"prompt_tokens": 42, "completion_tokens": 4, "cached_tokens": 40}
+    assert result.usage == {"prompt_tokens": 42, "completion_tokens": 4, "cached_tokens": 40, "cache_write_tokens": 0}
     assert a.hits[0]["path"] == "/v1/chat/completions" and a.hits[0]["model"] == "model-a"
     if stream:
         assert "".join(deltas) == "one two three" and a.hits[0]["stream"] is True

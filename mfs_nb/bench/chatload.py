@@ -55,7 +55,7 @@ def rss_mb() -> float:
 
 
 def measure(folder: Path, texts: list[str], chats: int, rest_limit_s: float = REST_LIMIT_S) -> dict[str, Any]:
-    s = Session("load", store=folder, model="mfs-offline/default", window_tokens=WINDOW)
+    s = Session("load", store=str(folder), model="mfs-offline/default", window_tokens=WINDOW)
     start_mb = rss_mb()
     times: list[float] = []
     marks: list[dict[str, Any]] = []

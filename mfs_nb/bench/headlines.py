@@ -67,8 +67,8 @@ def _at_least_best(tables: Tables) -> str:
 def _adversary(tables: Tables) -> str:
     cols, rows = _rows(tables, "mfs_nb against the best baseline")
     col = "adversarial (max)"
-    values = [_percent(r[cols.index(col)]) for r in rows] if col in cols else []
-    values = [v for v in values if v is not None]
+    read = [_percent(r[cols.index(col)]) for r in rows] if col in cols else []
+    values = [v for v in read if v is not None]
     return f"{max(values):.1f}%" if values else "—"
 
 
