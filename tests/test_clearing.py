@@ -6,6 +6,7 @@ import json
 import re
 import time
 
+import pytest
 from conftest import FakeLLM, tool_call, without_budget_note
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -252,6 +253,7 @@ def _resets(report: dict) -> int:
     return sum(1 for p, c in zip(calls, calls[1:]) if c["shared_prefix_tokens"] < 0.5 * p["payload_tokens"])
 
 
+@pytest.mark.slow  # over 15 s (see pyproject: run with -m slow)
 def test_a_clearing_and_a_compaction_share_one_cache_miss(monkeypatch):
     """Both rewrite the payload from the history layers on, so a compaction ready at a clearing is
     committed with it, and a compaction clears whatever it frees at all: fewer resets of the prefix."""

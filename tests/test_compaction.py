@@ -90,6 +90,7 @@ def test_segment_text_has_header_honesty_line_prose_and_facts(store_dir):
     assert any(layer.kind == "segment" for layer in view.layers)
 
 
+@pytest.mark.slow  # over 15 s (see pyproject: run with -m slow)
 def test_replay_is_deterministic_with_the_offline_default(tmp_path):
     msgs = []
     for i in range(80):

@@ -77,6 +77,7 @@ def test_history_stays_as_coarser_layers_instead_of_being_evicted(store_dir):
     assert evicted_before > 0 and evicted < evicted_before  # fewer uids held by an evicted-range line only
 
 
+@pytest.mark.slow  # over 15 s (see pyproject: run with -m slow)
 def test_notices_name_the_segments_and_evictions_check_the_window(store_dir):
     s = Session("notes", store=store_dir, window_tokens=4096, llm=FakeLLM(default="Noted."),
                 background_compaction=False)

@@ -115,6 +115,7 @@ print(before, rows, after, api.__name__)
     assert out.stdout.split() == ["False", "['hi']", "True", "TableApi"]
 
 
+@pytest.mark.slow  # over 15 s (see pyproject: run with -m slow)
 def test_optimize_folds_versions_and_fragments_and_loses_nothing(store_uri, tmp_path, monkeypatch, capsys):
     """Issue 19, table maintenance: `Session.optimize` / `%mfs optimize` compacts small fragments and
     removes old versions of every table, in the ledger with its effect; never while another kernel
