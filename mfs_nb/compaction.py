@@ -250,7 +250,7 @@ class Compactor:
         info["envelope"] = {"model": self.s.settings().model, "messages": len(messages), "tools": False}
         started = time.monotonic()
         try:
-            completion = self.s.summarizer().complete(messages, tools=None, stream=False)
+            completion = self._summarizer_call(messages)
         except MfsError as exc:
             info["error"] = str(exc)
             return None, info
@@ -373,6 +373,18 @@ class Compactor:
     def breaker_line(self) -> str:
         """For %mfs status: where the breaker stands and what to do."""
         return self.breaker.line(BREAKER_COOLDOWN_S)
+
+    def _summarizer_call(self, messages: list[dict[str, Any]]) -> Any:
+        """One summarizer call; what the provider counted for it (input, cache reads and writes,
+        output) is a `summarizer` ledger row, so the session's bill has it (`Session.cost`)."""
+        completion = self.s.summarizer().complete(messages, tools=None, stream=False)
+        usage = completion.usage or {}
+        if usage:
+            self.s.log("summarizer", model=completion.model, prompt_tokens=usage.get("prompt_tokens", 0),
+                       cached_tokens=usage.get("cached_tokens", 0),
+                       cache_write_tokens=usage.get("cache_write_tokens", 0),
+                       completion_tokens=usage.get("completion_tokens", 0))
+        return completion
 
     @contextmanager
     def _evicting(self) -> Iterator[list[Segment]]:
@@ -524,7 +536,7 @@ class Compactor:
                     *con.merge_messages(members, target, self.language(members[-1].uid_to))]
         info["envelope"] = {"model": self.s.settings().model, "messages": len(messages), "tools": False}
         try:
-            completion = self.s.summarizer().complete(messages, tools=None, stream=False)
+            completion = self._summarizer_call(messages)
         except Exception as exc:  # a failed consolidation keeps the originals; it never breaks the turn
             info["error"] = f"{type(exc).__name__}: {exc}"
             return None, info

@@ -718,7 +718,7 @@ class Session:
         """The calibration factor k applied to token estimates (1.0 until a provider reports usage)."""
         return self._meter.k
 
-    def observe_usage(self, view: SendView, usage: dict[str, int] | None) -> list[str]:
+    def observe_usage(self, view: SendView, usage: dict[str, int] | None, model: str = "") -> list[str]:
         """Anchor on a provider's usage for the payload `view`; returns notices (calibration)."""
         if not usage:
             return []
@@ -727,7 +727,8 @@ class Session:
         if self.history:  # this call's row: what the provider read from its cache and wrote to it
             self.history[-1].update(prompt_tokens=usage.get("prompt_tokens", 0),
                                     cache_read=usage.get("cached_tokens", 0),
-                                    cache_write=usage.get("cache_write_tokens", 0))
+                                    cache_write=usage.get("cache_write_tokens", 0),
+                                    completion_tokens=usage.get("completion_tokens", 0), model=model)
         if note:
             self._log("calibration", k=round(self._meter.k, 4), note=note)
             return [note]
@@ -946,7 +947,7 @@ class Session:
             except MfsError as exc:
                 self._log("failure", tier=plan.usage.tier, error=redact(str(exc)), uid=user.uid)
                 raise
-            notices.extend(self.observe_usage(sent, completion.usage))
+            notices.extend(self.observe_usage(sent, completion.usage, completion.model))
             assistant = self.record("assistant", completion.text, tool_calls=completion.tool_calls or None)
             uids.append(assistant.uid)
             if not completion.tool_calls:
@@ -1173,6 +1174,17 @@ class Session:
             self._ledger_seq += 1
             seq = self._ledger_seq
         return self.store.append_ledger(self.name, seq, kind, data, self._writer)
+
+    def cost(self) -> dict[str, Any]:
+        """What this session's calls cost, priced with litellm's local cost map (`cost.session_cost`):
+        the chat's and the summarizer's apart, in dollars and tokens (input, read from the cache,
+        written to it, output), and what the same calls would have cost with no cache."""
+        from .cost import session_cost
+
+        self._flush_calls()
+        calls = self.store.load_calls(self.name, 10**9)
+        summaries = [r for r in self.ledger() if r.get("kind") == "summarizer"]
+        return session_cost(calls, summaries, self.settings.model)
 
     def ledger(self) -> list[dict[str, Any]]:
         """One row per memory-layer action and failure, oldest first."""

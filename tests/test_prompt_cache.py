@@ -169,3 +169,48 @@ def test_a_compaction_moves_only_the_marks_after_the_block(claude, tmp_path):
     # the history layers' end is marked: the segment block, then the tracks (the user's own words last)
     assert after[2][1].startswith("[the user's own words") and "[#9] turn 4" in after[2][1]
     assert after[-1][1] == "what is the pool limit now?" and len(after) == 4
+
+
+def test_the_bill_prices_each_call_from_the_cost_map_with_cache_rates_and_the_summarizer_apart(claude, tmp_path):
+    from mfs_nb.cost import describe, price
+
+    rates = price(CLAUDE)
+    assert rates is not None and rates["write"] > rates["input"] > rates["read"] > 0  # Anthropic's three rates
+    s = Session("claude", store=str(tmp_path / "s"), model=CLAUDE, window_tokens=200_000, background_compaction=False)
+    claude.reply = "Here is the plan in detail. " + "We go over the retry policy and the billing export " \
+        "once more, step by step, with the numbers as agreed. " * 30
+    for i in range(5):
+        s.chat(f"turn {i}: keep the pool under {20 + i}", stream=False)
+    assert s.compact() and s.segments
+    bill = s.cost()
+    rows = [r for r in s.history if "prompt_tokens" in r]
+    chat = bill["chat"]
+    assert chat["calls"] == len(rows) == 5 and chat["written_tokens"] == sum(r["cache_write"] for r in rows)
+    expected = sum((r["prompt_tokens"] - r["cache_read"] - r["cache_write"]) * rates["input"]
+                   + r["cache_read"] * rates["read"] + r["cache_write"] * rates["write"]
+                   + r["completion_tokens"] * rates["output"] for r in rows)
+    assert chat["dollars"] == pytest.approx(expected, abs=1e-6) and chat["dollars"] < chat["uncached_dollars"]
+    assert bill["summarizer"]["calls"] == 1 and bill["summarizer"]["dollars"] > 0  # the compaction's call
+    assert bill["dollars"] == pytest.approx(chat["dollars"] + bill["summarizer"]["dollars"], abs=2e-6)
+    text = describe(bill)
+    assert "chat: 5 calls" in text and "summarizer: 1 calls" in text and "with no cache" in text
+
+
+def test_a_model_the_cost_map_does_not_know_is_price_unknown_never_zero(tmp_path):
+    from mfs_nb.cost import describe, session_cost
+
+    bill = session_cost([{"prompt_tokens": 900, "cache_read": 0, "cache_write": 0, "completion_tokens": 20,
+                          "model": "openai/my-own-model"}], [], "openai/my-own-model")
+    assert bill["dollars"] is None and bill["unpriced"] == ["openai/my-own-model"]
+    assert "price unknown" in describe(bill) and "$0" not in describe(bill)
+    offline = Session("o", store=str(tmp_path / "s"))
+    offline.chat("hello")
+    assert offline.cost()["dollars"] == 0.0  # the offline default costs nothing, and is not 'unknown'
+
+
+def test_mfs_cost_prints_the_bill(ip, capsys):
+    ip.run_cell("%%chat\nkeep the pool under 30")
+    capsys.readouterr()
+    ip.run_line_magic("mfs", "cost")
+    out = capsys.readouterr().out
+    assert "priced with litellm's cost map" in out and "chat: 1 calls" in out

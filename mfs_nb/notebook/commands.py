@@ -206,6 +206,12 @@ class MfsCommands(NotebookChoices):
         path = session.export(names[0], overwrite=force)
         print(f"exported session {session.name!r} ({session.last_uid} events) to {path}")
 
+    def _mfs_cost(self, rest: list[str]) -> None:
+        from ..cost import describe
+
+        session = self.get_session()
+        print(f"session {session.name!r}, priced with litellm's cost map\n" + describe(session.cost()))
+
     def _mfs_ledger(self, rest: list[str]) -> None:
         from ..ui.data import ledger_data
         from ..ui.ledger import LedgerView

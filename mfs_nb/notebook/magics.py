@@ -344,14 +344,14 @@ class MfsMagics(MfsCommands, Magics, Configurable):
     @no_var_expand  # values are kept as typed: `{x}` and `$x` are not expanded (`%mfs pin` keeps them word for word)
     @line_magic
     def mfs(self, line: str) -> None:
-        """Session management: %mfs status | sessions | new NAME | use NAME | fork NAME [focus] | config [--session] [key=value …] | pin [key=value …] | unpin KEY … | optimize | ledger | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
+        """Session management: %mfs status | sessions | new NAME | use NAME | fork NAME [focus] | config [--session] [key=value …] | pin [key=value …] | unpin KEY … | optimize | ledger | cost | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
         try:
             words = _split(line, literal=line.split(None, 1)[:1] == ["pin"])
             command, rest = (words[0], words[1:]) if words else ("status", [])
             handler: Callable[[list[str]], None] | None = getattr(self, f"_mfs_{command}", None)
             if handler is None:
                 raise InputError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, fork, config, "
-                                 "pin, unpin, optimize, ledger, export, gc, doctor, help")
+                                 "pin, unpin, optimize, ledger, cost, export, gc, doctor, help")
             handler(rest)
         except MfsError as exc:
             _error(exc)
