@@ -152,3 +152,30 @@ def test_every_headline_reads_a_figure_from_its_suites_tables_on_the_page():
         assert rows and all(figure != "—" for _, figure, _ in rows), (name, rows)
     page = (docs / "benchmarks.md").read_text(encoding="utf-8")
     assert len(page.encode()) <= 40_000 and page.index("<!-- bench:summary -->") < page.index("## How facts")
+
+
+def test_the_cost_suites_rules_read_what_an_earlier_request_wrote_and_nothing_else():
+    """Anthropic's rules as the cost suite writes them: a mark reads the longest prefix written
+    before that ends within 20 messages before it, and writes the rest up to the last mark; OpenAI's
+    read a shared prefix only from 1,024 tokens, in 128-token steps."""
+    from mfs_nb.bench import baselines
+    from mfs_nb.bench.cost import price_anthropic, price_openai
+    from mfs_nb.tokens import message_tokens
+
+    system = {"role": "system", "content": "You are a helpful assistant."}
+    turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " + "word " * 500}
+             for i in range(6)]
+    first, second = [system, *turns[:3]], [system, *turns[:5]]
+    sizes = [message_tokens(m) for m in second]
+    t = price_anthropic([first, second], [[0, 3], [0, 5]])
+    assert t["read"] == sum(sizes[:4]) and t["written"] == sum(sizes[:4]) + sum(sizes[4:])
+    unmarked = price_anthropic([first, second], [[0], [0]])
+    assert unmarked["read"] == sizes[0] and unmarked["written"] == sizes[0]  # only the system prompt is cached
+    o = price_openai([first, second])
+    assert o["written"] == 0 and o["read"] == sum(sizes[:4]) - sum(sizes[:4]) % 128
+    assert price_openai([[system], [system]])["read"] == 0  # under 1,024 tokens nothing is cached
+    long = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i} " + "detail " * 400}
+            for i in range(60)]
+    run = baselines.simulate("compact-90", long, 8_000)
+    assert run.summaries and all(read > written > 0 for read, written in run.summaries)
+    assert any(run.events) and all(len(p) <= 4 for p, e in zip(run.payloads, run.events) if e)

@@ -14,6 +14,7 @@ from . import (
     clearing,
     compaction,
     consolidation,
+    cost,
     notebook,
     qa,
     recall,
@@ -29,5 +30,5 @@ SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compact
           consolidation.NAME: consolidation,
           verbatim.NAME: verbatim, sidebyside.NAME: sidebyside, ux.NAME: ux,
           recall.NAME: recall, recall_speed.NAME: recall_speed, notebook.NAME: notebook, storebench.NAME: storebench,
-          chatload.NAME: chatload,
+          chatload.NAME: chatload, cost.NAME: cost,
           qa.NAME: qa}

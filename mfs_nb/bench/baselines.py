@@ -25,6 +25,7 @@ from ..usage import ContextProfile
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 FULL_AT = 0.85  # share of the usable window at which the summarizing strategies act
+COMPACT_AT = 0.90  # compact-90: the production assistants' way (everything becomes one summary)
 KEEP_TAIL = 0.25  # the recent tail the rolling summary keeps raw
 USER_BUDGET = 20_000
 
@@ -38,6 +39,7 @@ class Run:
     events: list[bool] = field(default_factory=list)
     final: list[dict[str, Any]] = field(default_factory=list)
     final_raw: list[int | None] = field(default_factory=list)
+    summaries: list[tuple[int, int]] = field(default_factory=list)  # each summarization: tokens read, written
 
 
 def _fit_from(messages: Sequence[dict[str, Any]], start: int, end: int, budget: int, counts: list[int]) -> int:
@@ -92,12 +94,19 @@ def simulate(name: str, messages: Sequence[dict[str, Any]], window: int, n_excha
                 extra = sum(counts[j] for j in kept) + (message_tokens({"role": "user", "content": text}) if text else 0)
                 return sys_tokens + extra + sum(counts[first:end])
 
-            if size(kept_users, summary, covered, i) > FULL_AT * eff:
+            if size(kept_users, summary, covered, i) > (COMPACT_AT if name == "compact-90" else FULL_AT) * eff:
                 event = True
+                read = sum(counts[covered:i]) + (message_tokens({"role": "user", "content": summary}) if summary else 0)
                 if name == "rolling":
                     cut = _fit_from(messages, covered, i, int(KEEP_TAIL * eff), counts)
                     part = messages[covered:cut]
+                    read -= sum(counts[cut:i])
                     summary = _summarize(summary, part, _summary_target(sum(counts[covered:cut]), eff))
+                    covered = cut
+                elif name == "compact-90":  # everything before the current turn becomes one summary
+                    cut = user_starts[-1] if user_starts and user_starts[-1] > covered else i
+                    read -= sum(counts[cut:i])
+                    summary = _summarize(summary, messages[covered:cut], _summary_target(sum(counts[covered:cut]), eff))
                     covered = cut
                 else:  # user+summary: summarize everything, keep recent user messages, no raw tail
                     part = messages[covered:i]
@@ -110,6 +119,7 @@ def simulate(name: str, messages: Sequence[dict[str, Any]], window: int, n_excha
                         kept_users.insert(0, j)
                         used += counts[j]
                     covered = i
+                run.summaries.append((read, message_tokens({"role": "user", "content": summary})))
             note = {"role": "user", "content": "[summary of the earlier conversation]\n" + summary} if summary else None
             head = [messages[j] for j in kept_users] + ([note] if note else [])
             start = covered
