@@ -494,7 +494,7 @@ class Compactor:
         miss = sum(x.tokens for x in view.layers[first:])
         before = con.block_tokens(self.segments)
         after = before - sum(x.tokens for x in members) + merged.tokens
-        gates = con.gates(miss, before, after, hard=sink or tier == "hard")
+        gates = con.gates(miss, before, after, hard=sink or tier == "hard", miss_weight=s.miss_weight())
         if not gates.passed:
             self.rows.abort(seq, f"gate: {gates.failed}", **gates.to_json())
             s.log("consolidation", **row, **gates.to_json())

@@ -16,7 +16,11 @@ payload as a few coarser layers instead of being evicted.
 - **Gates** (`gates`), computed and logged every time: `miss` = tokens after the run's start (the
   part of the payload that misses the prefix cache), `freed` = block tokens before − after;
   payback `miss ÷ freed ≤ 40` calls and shrink `freed ≥ 0.35 × block before`. At the hard tier
-  only "really smaller" is asked.
+  only "really smaller" is asked. Where the chat model's cache prices are known (`cost.miss_weight`),
+  the payback is counted in money: a missed token is re-written at the write rate where it would
+  have been read at the read rate, a freed one saves a read on every later call, so the token
+  payback is multiplied by (write − read) ÷ read (11.5 for Claude, 1 for GPT-4o); the ledger row
+  keeps both and says which decided.
 - **Merge**: the fact list is the working set of the union range (every member's lines,
   collapsed, within the fact budget); the prose comes from the summarizer given the members'
   prose — the only summary of summaries the design allows, hence the depth cap.
@@ -46,15 +50,19 @@ class Gates:
     miss: int
     freed: int
     block_before: int
-    payback: float
+    payback: float  # calls to pay the miss back: in money where the prices are known, else in tokens
     shrink: float
     passed: bool
     failed: str = ""  # "payback", "shrink" or "not_smaller"
+    payback_tokens: float = 0.0  # the same in tokens, always
+    basis: str = "tokens"  # what `payback` counts: "price" or "tokens"
 
     def to_json(self) -> dict[str, Any]:
         return {"miss": self.miss, "freed": self.freed, "block_before": self.block_before,
-                "payback": round(self.payback, 2), "shrink": round(self.shrink, 3), "accepted": self.passed,
+                "payback": round(self.payback, 2), "payback_tokens": round(self.payback_tokens, 2),
+                "payback_basis": self.basis, "shrink": round(self.shrink, 3), "accepted": self.passed,
                 "gate": self.failed}
+
 
 
 def block_tokens(segments: Sequence[Segment]) -> int:
@@ -87,19 +95,26 @@ def choose_run(segments: Sequence[Segment], max_depth: int, eager: bool = False)
     return run if len(run) >= 2 else []
 
 
-def gates(miss: int, block_before: int, block_after: int, hard: bool) -> Gates:
+def gates(miss: int, block_before: int, block_after: int, hard: bool, miss_weight: float | None = None) -> Gates:
+    """The gates of one consolidation; `miss_weight` (`cost.miss_weight`) counts the payback in money."""
     freed = block_before - block_after
-    payback = miss / freed if freed > 0 else float("inf")
+    tokens = miss / freed if freed > 0 else float("inf")
+    payback = tokens * miss_weight if miss_weight is not None and freed > 0 else tokens
     shrink = freed / block_before if block_before else 0.0
+    basis = "price" if miss_weight is not None else "tokens"
+
+    def verdict(passed: bool, failed: str = "") -> Gates:
+        return Gates(miss, freed, block_before, payback, shrink, passed, failed, tokens, basis)
+
     if freed <= 0:
-        return Gates(miss, freed, block_before, payback, shrink, False, "not_smaller")
+        return verdict(False, "not_smaller")
     if hard:
-        return Gates(miss, freed, block_before, payback, shrink, True)
+        return verdict(True)
     if shrink < SHRINK_MIN:
-        return Gates(miss, freed, block_before, payback, shrink, False, "shrink")
+        return verdict(False, "shrink")
     if payback > PAYBACK_MAX:
-        return Gates(miss, freed, block_before, payback, shrink, False, "payback")
-    return Gates(miss, freed, block_before, payback, shrink, True)
+        return verdict(False, "payback")
+    return verdict(True)
 
 
 def merge_target(members: Sequence[Segment]) -> int:

@@ -71,6 +71,26 @@ def price(model: str) -> dict[str, float] | None:
     return None
 
 
+def miss_weight(model: str) -> float | None:
+    """What one token of cache miss costs against what one token less in the prefix saves on each
+    later call, at `model`'s rates: a missed token is written again (the write rate) where it would
+    have been read (the cached-read rate), a freed one is no longer read. (write − read) ÷ read:
+    11.5 for Claude Sonnet, 1 for GPT-4o. None when the map has no cached-read rate for the model
+    (a payback is then counted in tokens)."""
+    table = litellm_module().model_cost
+    name = model
+    while name:
+        entry = table.get(name)
+        if entry and entry.get("input_cost_per_token") is not None:
+            read = entry.get("cache_read_input_token_cost")
+            if not read:
+                return None
+            write = float(entry.get("cache_creation_input_token_cost") or entry["input_cost_per_token"])
+            return max(write - float(read), 0.0) / float(read)
+        _, _, name = name.partition("/")
+    return None
+
+
 def session_cost(calls: list[dict[str, Any]], summaries: list[dict[str, Any]], model: str) -> dict[str, Any]:
     """The bill of a session: its chat calls (call-history rows with provider counts) and its
     summarizer calls (`summarizer` ledger rows), apart."""

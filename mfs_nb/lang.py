@@ -86,6 +86,10 @@ _TEXT: dict[str, tuple[str, str]] = {
         "does it now)",
         "即将压缩：上下文已占可用窗口的 {share}，从 {line} 起压缩（后台摘要就绪后）；将覆盖 uid {a}–{b}"
         "（%compact --preview 可预览，%compact 立即执行）"),
+    "ahead_miss": ("; it sends ≈{tokens} tokens past the prompt cache once", "；届时约 {tokens} tokens 不命中提示缓存（一次）"),
+    "ahead_miss_priced": ("; it sends ≈{tokens} tokens past the prompt cache once, ≈{dollars} more than a cache "
+                          "read at {model}'s prices", "；届时约 {tokens} tokens 不命中提示缓存（一次），按 {model} 的价格"
+                          "比缓存读取多约 {dollars}"),
     "not_worth": ("nothing worth compacting: {n} messages, {tokens} tokens (the payload would go from {now} to "
                   "{then} tokens)", "不值得压缩：{n} 条消息，{tokens} tokens（请求会从 {now} 变为 {then} tokens）"),
     "tier": ("context at {share} of the usable window when sent ({tier})", "上下文已占可用窗口的 {share}（发送时；{tier}）"),

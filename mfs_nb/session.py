@@ -259,7 +259,8 @@ class Session:
             load_breaker=lambda: self._breaker, save_breaker=self._save_breaker,
             segments=lambda: self.compactor.in_force(),
             embedder=lambda load: self.verbatim.vector_layer() if load else self.verbatim.loaded_layer(),
-            embedder_off=lambda: self.verbatim.off_reason, busy=self._busy)
+            embedder_off=lambda: self.verbatim.off_reason, busy=self._busy,
+            miss_weight=self.miss_weight)
 
     def _indexed(self, upto: int) -> None:
         """The recall index wrote vectors up to `upto` (in its thread): verdicts, and a quiet fold later."""
@@ -1032,7 +1033,22 @@ class Session:
         if not events:
             return None
         return lang.text("ahead", self.language(), share=usage.percent,
-                         line=f"{self.profile().compress:.0%}", a=events[0].uid, b=events[-1].uid)
+                         line=f"{self.profile().compress:.0%}", a=events[0].uid, b=events[-1].uid) + self._miss_cost()
+
+    def _miss_cost(self) -> str:
+        """What the coming compaction's cache miss costs: the payload after the summaries (the fact and
+        verbatim tracks, the raw tail) is sent again past the cache — in tokens, and in dollars at the
+        chat model's cache-write and cache-read rates where they are known."""
+        miss = sum(x.tokens for x in self.send_view().layers if x.kind in ("facts", "verbatim", "raw"))
+        weight = self.miss_weight()
+        if weight is None or miss <= 0:
+            return lang.text("ahead_miss", self.language(), tokens=f"{miss:,}")
+        from .cost import price
+
+        rates = price(self.settings.model) or {"write": 0.0, "read": 0.0}
+        dollars = miss * max(rates["write"] - rates["read"], 0.0)
+        return lang.text("ahead_miss_priced", self.language(), tokens=f"{miss:,}", dollars=f"${dollars:.4f}",
+                         model=self.settings.model)
 
     def _call_with_ptl_retry(self, plan: CallPlan, tools: list[dict[str, Any]] | None, stream: bool,
                              on_delta: Callable[[str], None] | None, on_reset: Callable[[], None] | None,
@@ -1185,6 +1201,17 @@ class Session:
         calls = self.store.load_calls(self.name, 10**9)
         summaries = [r for r in self.ledger() if r.get("kind") == "summarizer"]
         return session_cost(calls, summaries, self.settings.model)
+
+    def miss_weight(self) -> float | None:
+        """What a token of prompt-cache miss costs against a token less in the prefix, at the chat
+        model's prices (`cost.miss_weight`); None where nothing is cached by our hints (the setting
+        off, an injected model, an endpoint that refused them) or the price is not known."""
+        if (not (self.settings.prompt_cache and isinstance(self.llm, LLM)) or is_offline(self.settings.model)
+                or self.llm.no_cache):
+            return None
+        from .cost import miss_weight
+
+        return miss_weight(self.settings.model)
 
     def ledger(self) -> list[dict[str, Any]]:
         """One row per memory-layer action and failure, oldest first."""

@@ -37,6 +37,14 @@ def test_gates():
     assert con.gates(200_000, 3_000, 1_500, hard=False).failed == "payback"  # 133 calls to pay back
     assert con.gates(200_000, 3_000, 2_900, hard=True).passed  # hard tier: really smaller is enough
     assert con.gates(1, 3_000, 3_000, hard=True).failed == "not_smaller"
+    # in money (Claude's rates: a missed token re-written costs 11.5 reads): the same merge takes 30.7
+    # calls to pay back and passes; twice the miss does not, though in tokens it would
+    priced = con.gates(4_000, 3_000, 1_500, hard=False, miss_weight=11.5)
+    assert priced.passed and priced.payback == pytest.approx(4_000 / 1_500 * 11.5) and priced.basis == "price"
+    dear = con.gates(8_000, 3_000, 1_500, hard=False, miss_weight=11.5)
+    assert dear.failed == "payback" and con.gates(8_000, 3_000, 1_500, hard=False).passed
+    assert dear.to_json()["payback_tokens"] == round(8_000 / 1_500, 2) and dear.to_json()["payback_basis"] == "price"
+    assert ok.to_json()["payback_basis"] == "tokens" and ok.to_json()["payback"] == ok.to_json()["payback_tokens"]
 
 
 def test_positional_labels_are_display_only():
@@ -128,6 +136,18 @@ def test_eviction_goes_on_to_0_9_of_the_window_only_where_it_can_get_there(store
     assert not rows[-1]["within"] and [x.id for x in c.segments] == [4, 5, 6]
     declared = [r for r in c.s.store.load_compactions("fake") if r["phase"] == "declared"]
     assert declared[-1]["segment_ids"] == [1, 2, 3]
+
+
+def test_where_the_prices_are_known_the_payback_is_counted_in_money(store_dir, monkeypatch):
+    monkeypatch.setattr(Session, "miss_weight", lambda self: 11.5)  # Claude's: (write − read) ÷ read
+    s = long_session(store_dir, "priced", 60)
+    rows = [r for r in s.ledger() if r["kind"] == "consolidation" and r.get("payback_basis")]
+    assert rows, "the block passed 80 % of its budget: a consolidation was weighed"
+    for r in rows:  # both figures logged; the money one decided
+        assert r["payback_basis"] == "price" and r["payback"] == pytest.approx(r["payback_tokens"] * 11.5, rel=0.01)
+        if r["accepted"] and r["tier"] != "hard" and r["merge"] == "consolidate":
+            assert r["payback"] <= con.PAYBACK_MAX
+    assert s.coverage()["lost"] == 0
 
 
 def test_a_restart_sees_the_same_block(store_dir):

@@ -5,6 +5,7 @@ hints where an endpoint refuses them. Every request goes to a fake endpoint of i
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from fake_provider import FakeProvider
@@ -214,3 +215,29 @@ def test_mfs_cost_prints_the_bill(ip, capsys):
     ip.run_line_magic("mfs", "cost")
     out = capsys.readouterr().out
     assert "priced with litellm's cost map" in out and "chat: 1 calls" in out
+
+
+def test_gates_in_money_use_the_price_ratio_where_it_is_known(claude, tmp_path):
+    """A cache miss costs (write − read) per token once; a freed token saves a read on every later call."""
+    from mfs_nb.cost import miss_weight, price
+
+    rates = price(CLAUDE)
+    assert miss_weight(CLAUDE) == pytest.approx((rates["write"] - rates["read"]) / rates["read"])  # 11.5
+    assert miss_weight("openai/gpt-4o") == pytest.approx(1.0)  # a write is an ordinary input token there
+    assert miss_weight("openai/my-own-model") is None  # the token ratio then
+    s = Session("claude", store=str(tmp_path / "s"), model=CLAUDE, window_tokens=8_000)
+    assert s.miss_weight() == pytest.approx(miss_weight(CLAUDE))
+    assert Session("off", store=str(tmp_path / "s"), model=CLAUDE, prompt_cache=False).miss_weight() is None
+    assert Session("o", store=str(tmp_path / "s")).miss_weight() is None  # the offline default
+    claude.reply = "Noted. " + "We keep the retry policy, the billing export and the staging deploy as agreed. " * 12
+    ahead = None
+    for i in range(60):
+        notices = s.chat(f"step {i}: the pool for service-{i} stays under {20 + i} connections; "
+                         f"see deploy/pool_{i}.yaml. " * 2, stream=False).notices
+        ahead = next((n for n in notices if n.startswith("compaction ahead")), None)
+        if ahead:
+            break
+    assert ahead, "the compaction was not announced"
+    tokens, dollars = re.search(r"≈([\d,]+) tokens past the prompt cache once, ≈\$([\d.]+) more", ahead).groups()
+    miss = int(tokens.replace(",", ""))
+    assert miss > 0 and float(dollars) == pytest.approx(miss * (rates["write"] - rates["read"]), abs=1e-4)
