@@ -25,11 +25,11 @@ from .storebench import _bytes
 NAME = "chats"
 NEEDS = ("locomo",)
 CHATS = 5_000
-QUICK_CHATS = 300
+QUICK_CHATS = 150
 EVERY = 100
 WINDOW = 32_000  # a small model's window: compaction cycles many times over the run (at 128k it starts near chat 800)
 REST_LIMIT_S = 1_800  # the longest the suite waits for the session to come to rest after the last chat
-QUICK_REST_LIMIT_S = 20
+QUICK_REST_LIMIT_S = 10
 # what each table of the store is for, in the breakdown of its size
 PARTS = (("the log and session state", ("events", "sessions", "compactions", "leases", "ledger", "calls")),
          ("the recall index", ("recall_",)), ("verdicts and origin vectors", ("verbatim", "vectors_")))

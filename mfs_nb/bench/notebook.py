@@ -31,7 +31,8 @@ from .data import Data, to_openai
 NAME = "notebook"
 NEEDS = ("locomo", "claude_code_sessions")
 WINDOWS = (8_000, 32_000)
-QUICK_MESSAGES = 300  # quick: the conversation's first 300 messages (at 8k it still compacts)
+QUICK_MESSAGES = 200  # quick: the conversation's first 200 messages (at 8k it still compacts)
+QUICK_CELLS = 150  # quick: the first 150 shell cells
 PINS = {"project": "orders-pipeline v2", "db": "postgres://db-eu-1:5433/orders", "owner": "data-platform team",
         "deadline": "2026-12-15", "budget": "p95 latency under 200 ms"}
 MODES = (("no note, no slot", False, False), ("note on", True, False), ("note on + 5 pinned values", True, True))
@@ -155,7 +156,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                              r["compactions"], f"{r['ratio']:.2%}", f"{r['ratio_before_note']:.2%}"])
     records = shell_cells(data)
     if quick:
-        records = records[:300]
+        records = records[:QUICK_CELLS]
     cost_rows = []
     for per_turn in (1, 5, 20):
         c = cell_cost(records, per_turn)
@@ -181,6 +182,6 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "of everything after the slot, recorded in its ledger row (`cache_miss_tokens`).",
             "Cells: an error is a line of the command's output that starts like an error (error, …Error, "
             "Exception, Traceback, fatal:, exit code 1-9); cell records are built here, not by the cell log's hooks.",
-        ] + ([f"quick run: one conversation's first {QUICK_MESSAGES} messages at 8k, 300 cells"] if quick else []),
+        ] + ([f"quick run: one conversation's first {QUICK_MESSAGES} messages at 8k, {QUICK_CELLS} cells"] if quick else []),
         "metrics": metrics,
     }

@@ -143,7 +143,7 @@ def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, 
             ev = {uid[e] for e in q["evidence"] if e in uid}
             if ev and len(ev) == len(q["evidence"]):
                 qs.append((q["question"], ev, CATEGORIES.get(q["category"], str(q["category"])), None))
-        queries_by.append((s, qs[:25] if quick else qs))
+        queries_by.append((s, qs[:15] if quick else qs))
     merged: dict[str, dict[str, list]] = {m: defaultdict(list) for m, _ in METHODS}
     for s, qs in queries_by:
         for method, groups in _evaluate(s, qs).items():
@@ -155,7 +155,7 @@ def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, 
 def chinese(data: Data, root: Path, quick: bool) -> dict[str, Any]:
     """CrossWOZ: later user turns that name an entity the same dialogue named before."""
     store = Store(root / "zh")
-    dialogues = data.get("crosswoz")[:6 if quick else 30]
+    dialogues = data.get("crosswoz")[:3 if quick else 30]
     turns: list[tuple[str, str]] = []
     queries: list[Query] = []
     for d in dialogues:
@@ -319,7 +319,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "the benchmark indexes in the foreground in batches of 64 and leaves out the user messages' plain vectors "
             "(only the user-verbatim track reads those); a live session indexes in the background one text at a "
             "time, writing every 32 rows",
-        ] + (["quick run: one LoCoMo conversation (80 turns, 25 questions), 6 CrossWOZ dialogues"] if quick else []),
+        ] + (["quick run: one LoCoMo conversation (80 turns, 15 questions), 3 CrossWOZ dialogues"] if quick else []),
         "metrics": metrics,
     }
 

@@ -301,7 +301,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     plan: list[tuple[str, list[dict[str, Any]], dict[str, Any] | None, tuple[int, ...]]] = []
     if quick:
         plan.append((f"LoCoMo {locomo[0]['id']}", to_openai(locomo[0]["messages"]), locomo[0], (8_000,)))
-        plan.append((f"coding {coding[-1]['id'][:8]}", to_openai(coding[-1]["messages"]), None, (32_000,)))
+        small = min(coding, key=lambda c: len(c["messages"]))
+        plan.append((f"coding {small['id'][:8]}", to_openai(small["messages"]), None, (32_000,)))
     else:
         for c in locomo:
             plan.append((f"LoCoMo {c['id']}", to_openai(c["messages"]), c, (8_000,)))

@@ -78,7 +78,7 @@ def light_edit(text: str, rng: random.Random) -> str:
 
 def probe_set(data: Data, lang: str, quick: bool, seed: int = 11) -> list[dict[str, Any]]:
     rng = random.Random(seed)
-    n_own, n_quote, n_note, n_doc = (40, 40, 15, 6) if quick else (200, 200, 60, 20)
+    n_own, n_quote, n_note, n_doc = (20, 20, 8, 4) if quick else (200, 200, 60, 20)
     min_paste = 120 if lang == "en" else 40
     own: list[dict[str, Any]] = []
     quotes: list[dict[str, Any]] = []
