@@ -52,22 +52,40 @@ def _prices(model: str) -> dict[str, float]:
             "write": float(entry.get("cache_creation_input_token_cost") or base)}
 
 
-def _digests(payload: Sequence[dict[str, Any]]) -> list[str]:
-    out, h = [], hashlib.sha256()
+class _Messages:
+    """Each message's bytes and tokens, computed once per message object: a long session's payloads
+    share most of their messages, and the estimator is the slow part. The object is kept with its
+    figures, so its id stays its own while the memo lives."""
+
+    def __init__(self) -> None:
+        self.memo: dict[int, tuple[dict[str, Any], bytes, int]] = {}
+
+    def __call__(self, m: dict[str, Any]) -> tuple[bytes, int]:
+        hit = self.memo.get(id(m))
+        if hit is None:
+            hit = self.memo[id(m)] = (m, json.dumps(m, sort_keys=True, default=str).encode(), message_tokens(m))
+        return hit[1], hit[2]
+
+
+def _figures(payload: Sequence[dict[str, Any]], known: _Messages) -> tuple[list[str], list[int]]:
+    """The digest of each prefix (up to and including message i) and the tokens up to it."""
+    keys, upto, h, running = [], [], hashlib.sha256(), 0
     for m in payload:
-        h.update(json.dumps(m, sort_keys=True, default=str).encode())
-        out.append(h.hexdigest())
-    return out
+        data, tokens = known(m)
+        h.update(data)
+        keys.append(h.hexdigest())
+        running += tokens
+        upto.append(running)
+    return keys, upto
 
 
 def price_anthropic(payloads: list[list[dict[str, Any]]], marks: list[list[int]]) -> dict[str, int]:
     """Input, read and written tokens over all calls under the Anthropic rules (see the module doc)."""
     cache: set[str] = set()
     total = read = written = 0
+    known = _Messages()
     for payload, marked in zip(payloads, marks):
-        counts = [message_tokens(m) for m in payload]
-        upto = [sum(counts[:i + 1]) for i in range(len(counts))]
-        keys = _digests(payload)
+        keys, upto = _figures(payload, known)
         got = 0
         for i in marked:
             for j in range(max(0, i - LOOKBACK), i + 1):
@@ -85,14 +103,11 @@ def price_openai(payloads: list[list[dict[str, Any]]]) -> dict[str, int]:
     """Input and read tokens under automatic prefix caching (see the module doc)."""
     seen: set[str] = set()
     total = read = 0
+    known = _Messages()
     for payload in payloads:
-        counts = [message_tokens(m) for m in payload]
-        keys = _digests(payload)
-        shared, running = 0, 0
-        for k, c in zip(keys, counts):
-            running += c
-            if k in seen:
-                shared = running
+        keys, upto = _figures(payload, known)
+        shared = next((upto[i] for i in range(len(keys) - 1, -1, -1) if keys[i] in seen), 0)
+        running = upto[-1] if upto else 0
         if shared >= OPENAI_MIN:
             read += shared - shared % OPENAI_STEP
         seen.update(keys)
