@@ -39,7 +39,7 @@ def test_quickstart_runs_offline_shows_static_outputs_and_resumes(tmp_path, monk
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(NOTEBOOK.parent.parent),
                                                                    os.environ.get("PYTHONPATH")])))
     first, outputs, _ = _run(tmp_path)
-    load, _, chat1, _, chat2, pin, recall, status, preview, compact, context, ledger, api = first
+    load, _, chat1, _, chat2, pin, recall, status, preview, compact, context, ledger, cost, api = first
     assert "No model is configured" in chat1 and "ctx " in chat1
     # uid 1: the cell log's record of the code cell that wrote the file (it ran before the first chat)
     assert "[#1 tool · notebook · turn 1]" in recall and "`import pathlib, tempfile (+3 lines)`" in recall
@@ -51,6 +51,7 @@ def test_quickstart_runs_offline_shows_static_outputs_and_resumes(tmp_path, monk
     assert "knowledge slot" in context and "knowledge" in ledger
     assert "summary " in context and "raw tail" in context
     assert "compaction" in ledger
+    assert "priced with litellm's cost map" in cost and "with no cache $0.0000" in cost  # the offline default
     assert "knowledge None None" in api and "segment 1 4" in api and "raw 5 6" in api
     # rich outputs are static HTML, so a notebook reopened without a kernel shows them (no widget
     # view that would need a live model: "Error displaying widget: model not found")
@@ -62,5 +63,5 @@ def test_quickstart_runs_offline_shows_static_outputs_and_resumes(tmp_path, monk
 
     second, _, _ = _run(tmp_path)  # a fresh kernel on the same store: the conversation continues
     assert "12 events, last uid 12" in second[7]
-    assert "segment 1 4" in second[12] and "segment 5 10" in second[12] and "raw 11 12" in second[12]
+    assert "segment 1 4" in second[13] and "segment 5 10" in second[13] and "raw 11 12" in second[13]
     assert second[6] == recall

@@ -28,6 +28,9 @@ try {
     await page.waitForSelector(sel, { timeout: 180000, state: "attached" });
   }
   await page.waitForFunction(() => document.querySelectorAll(".mfs-ledger table").length > 0, null, { timeout: 60000 });
+  // the bill is the cell after the ledger: bring it in view and wait for it
+  await page.locator(".mfs-ledger").first().scrollIntoViewIfNeeded().catch(() => {});
+  await page.waitForFunction(() => /with no cache/.test(document.body.innerText), null, { timeout: 60000 });
   const read = async () => {
     const r = {};
     // JupyterLab renders only the cells near the viewport: bring each output in view before reading it
@@ -44,6 +47,9 @@ try {
     await show(".mfs-ledger");
     r.ledgerRows = await page.locator(".mfs-ledger table tr").count();
     r.ledgerText = await page.locator(".mfs-ledger").first().innerText();
+    const cost = page.locator(".jp-OutputArea-output", { hasText: "priced with litellm" }).first();
+    await cost.scrollIntoViewIfNeeded({ timeout: 10000 }).catch(() => {});
+    r.cost = await cost.textContent({ timeout: 10000 }).catch(() => "");
     r.mfsOutputs = await page.locator(".mfs-status, .mfs-recall, .mfs-preview, .mfs-context, .mfs-ledger").count();
     await show(".mfs-preview");
     r.preview = await page.locator(".mfs-preview").first().innerText();

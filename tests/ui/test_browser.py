@@ -96,6 +96,7 @@ def test_outputs_render_and_survive_a_reopen_in_jupyterlab(tmp_path):
         assert "knowledge slot: pinned db_limit, pool_max" in state["pinned"]
         assert state["bar"] >= 3 and "compaction" in state["contextText"]
         assert state["ledgerRows"] > 1 and "compaction" in state["ledgerText"] and state["ledgerFits"]
+        assert "priced with litellm's cost map" in state["cost"] and "with no cache $0.0000" in state["cost"]  # %mfs cost
     assert result["reopened"]["layers"] == result["layers"] and result["reopened"]["meter"] == result["meter"]
     assert result["segmentOpen"] is True
     assert result["segmentText"].startswith("[user] [segment #1 · uids 1–4 · topics: ")
