@@ -70,7 +70,7 @@ class Compactor:
     """Segments of one session and the machinery that makes them."""
 
     def __init__(self, host: Host):
-        self.s = host
+        self.host = host
         self.segments: list[Segment] = []
         self.evicted: list[tuple[int, int]] = []
         self.calls = 0
@@ -94,14 +94,14 @@ class Compactor:
         """Segments and evicted ranges from the declarations in the store (any kernel's), in seq
         order; unfinished compactions whose lease is dead are cleaned. `holding`: we hold the
         lease, so every other unfinished compaction is dead."""
-        rows = self.s.store.load_compactions(self.s.name)
+        rows = self.host.store.load_compactions(self.host.name)
         by_seq: dict[int, dict[str, dict[str, Any]]] = {}
         for r in rows:
             by_seq.setdefault(r["seq"], {})[r["phase"]] = r
         self.seq = max([self.seq if holding else 0, *by_seq])
         self.segments, self.evicted, self.ignored = [], [], []
         # unfinished rows under a live lease are in progress (ours, when we hold it); the rest crashed
-        live = {self.lease.claim} if holding else set(live_claims(self.s.store.load_leases(self.s.name), time.time()))
+        live = {self.lease.claim} if holding else set(live_claims(self.host.store.load_leases(self.host.name), time.time()))
         mine = self.pending.seq if self.pending is not None else None
         for number in sorted(by_seq):
             phases = by_seq[number]
@@ -115,11 +115,11 @@ class Compactor:
                 note = (f"recovered an interrupted compaction (#{number}): "
                         + ("its declaration was complete and stays" if declared else "nothing half-done was kept"))
                 self.recovered.append(note)
-                self.s.log("recovered", seq=number, declared=bool(declared))
+                self.host.log("recovered", seq=number, declared=bool(declared))
 
     def refresh(self) -> None:
         """Under the lease: what every kernel committed, and events other kernels appended."""
-        self.s.catch_up()
+        self.host.catch_up()
         self._load(holding=True)
 
     def _acquire(self, wait_s: float) -> str | None:
@@ -201,7 +201,7 @@ class Compactor:
                     self.evicted.append((x.uid_from, x.uid_to))
         else:
             new = Segment.from_json(row["segment"])
-            events = self.s.events()
+            events = self.host.events()
             start = self.covered_to + 1 if self.covered_to else (events[0].uid if events else new.uid_from)
             if new.uid_from != start:
                 # a stale writer's declaration: every reader skips it alike, so projections agree
@@ -216,7 +216,7 @@ class Compactor:
         return max(ends, default=0)
 
     def raw(self) -> list[Event]:
-        return list(after(self.s.events(), self.covered_to))
+        return list(after(self.host.events(), self.covered_to))
 
     # -- the range -----------------------------------------------------------------------
     def choose(self, effective: int, emergency: bool = False, small_ok: bool = False) -> tuple[list[Event], str]:
@@ -231,7 +231,7 @@ class Compactor:
                   earlier: str = "") -> tuple[str | None, dict[str, Any]]:
         """Ask the model for the prose guide; (None, info) on any failure or unusable output."""
         target = self.target(events, effective)
-        info: dict[str, Any] = {"target": target, "style": self.s.settings().summary_style, "llm_tokens": 0}
+        info: dict[str, Any] = {"target": target, "style": self.host.settings().summary_style, "llm_tokens": 0}
         if self.breaker.open and not self.breaker.may_try(BREAKER_COOLDOWN_S):
             info["error"] = "circuit breaker open: automatic LLM compaction is off for this session"
             return None, info
@@ -243,11 +243,11 @@ class Compactor:
                                               + (f"; earlier summaries of them:)\n\n{earlier[-EARLIER_CHARS:]}"
                                                  if earlier else ")")}]
                   if shown[0].uid != events[0].uid else [])
-        messages = [{"role": "system", "content": self.s.system_prompt()}, *before, *seg.compressor_messages(shown),
-                    {"role": "user", "content": seg.instruction(self.s.settings().summary_style, events[0].uid,
+        messages = [{"role": "system", "content": self.host.system_prompt()}, *before, *seg.compressor_messages(shown),
+                    {"role": "user", "content": seg.instruction(self.host.settings().summary_style, events[0].uid,
                                                                 events[-1].uid, target, focus,
                                                                 self.language(events[-1].uid))}]
-        info["envelope"] = {"model": self.s.settings().model, "messages": len(messages), "tools": False}
+        info["envelope"] = {"model": self.host.settings().model, "messages": len(messages), "tools": False}
         started = time.monotonic()
         try:
             completion = self._summarizer_call(messages)
@@ -263,7 +263,7 @@ class Compactor:
         prose, why = validate_summary(completion.text, events, target)
         if prose is None:
             info["error"] = f"summary rejected: {why}; not committed"
-            self.s.log("summary_rejected", reason=why, uid_from=events[0].uid, uid_to=events[-1].uid,
+            self.host.log("summary_rejected", reason=why, uid_from=events[0].uid, uid_to=events[-1].uid,
                         chars=len(completion.text or ""))
         elif why:
             info["note"] = why
@@ -271,14 +271,14 @@ class Compactor:
 
     def language(self, upto: int) -> str | None:
         """The conversation's language as the user writes it, from the user's messages up to `upto`."""
-        return seg.conversation_language([e for e in self.s.events() if e.uid <= upto])
+        return seg.conversation_language([e for e in self.host.events() if e.uid <= upto])
 
     def make(self, seq: int, events: list[Event], effective: int, focus: str = "",
              earlier: str = "") -> tuple[Segment, dict[str, Any]]:
         # the user messages of this range join the verbatim track when it commits: classify them
         # now, off the turn when this runs in the background (a failure leaves them own words)
         try:
-            self.s.before_cover(events[-1].uid)
+            self.host.before_cover(events[-1].uid)
         except Exception:
             pass
         prose, info = self.summarize(events, effective, focus, earlier)
@@ -298,9 +298,9 @@ class Compactor:
         if not self.lease.valid():
             return "the compaction lock expired or was taken over before the commit"
         self.refresh()
-        covered = self.s.store.load_events(self.s.name, segment.uid_from, segment.uid_to)
-        if segment.uid_from != self.covered_to + 1 and not (self.covered_to == 0 and covered and self.s.events()
-                                                            and covered[0].uid == self.s.events()[0].uid):
+        covered = self.host.store.load_events(self.host.name, segment.uid_from, segment.uid_to)
+        if segment.uid_from != self.covered_to + 1 and not (self.covered_to == 0 and covered and self.host.events()
+                                                            and covered[0].uid == self.host.events()[0].uid):
             return f"range {segment.uid_from}–{segment.uid_to} no longer follows the covered prefix"
         if [e.uid for e in covered] != list(range(segment.uid_from, segment.uid_to + 1)):
             return "covered uids are not contiguous"
@@ -312,10 +312,10 @@ class Compactor:
 
     def payload_with(self, segment: Segment) -> tuple[int, int]:
         """(tokens now, tokens if `segment` were committed): the number the meter would show, both times."""
-        now = self.s.usage().tokens
+        now = self.host.usage().tokens
         self.segments.append(segment)
         try:
-            return now, self.s.usage().tokens
+            return now, self.host.usage().tokens
         finally:
             self.segments.remove(segment)
 
@@ -327,7 +327,7 @@ class Compactor:
         if self.breaker.open or self.upgrade_done or not degraded:
             return None
         old = degraded[-1]
-        events = [e for e in self.s.events() if old.uid_from <= e.uid <= old.uid_to]
+        events = [e for e in self.host.events() if old.uid_from <= e.uid <= old.uid_to]
         prose, info = self.summarize(events, effective)
         if prose is None:
             self.breaker.failed()
@@ -342,7 +342,7 @@ class Compactor:
         self.rows.declare(seq, {"type": "upgrade", "segment": new.to_json()})
         self.rows.finish(seq)
         self._honour({"type": "upgrade", "segment": new.to_json()})
-        self.s.log("upgrade", segment=old.id, tokens_before=old.tokens, tokens_after=new.tokens,
+        self.host.log("upgrade", segment=old.id, tokens_before=old.tokens, tokens_after=new.tokens,
                     llm_tokens=info.get("llm_tokens", 0))
         return f"segment #{old.id} upgraded from its zero-LLM form: {human(old.tokens)} → {human(new.tokens)} tokens"
 
@@ -377,10 +377,10 @@ class Compactor:
     def _summarizer_call(self, messages: list[dict[str, Any]]) -> Any:
         """One summarizer call; what the provider counted for it (input, cache reads and writes,
         output) is a `summarizer` ledger row, so the session's bill has it (`Session.cost`)."""
-        completion = self.s.summarizer().complete(messages, tools=None, stream=False)
+        completion = self.host.summarizer().complete(messages, tools=None, stream=False)
         usage = completion.usage or {}
         if usage:
-            self.s.log("summarizer", model=completion.model, prompt_tokens=usage.get("prompt_tokens", 0),
+            self.host.log("summarizer", model=completion.model, prompt_tokens=usage.get("prompt_tokens", 0),
                        cached_tokens=usage.get("cached_tokens", 0),
                        cache_write_tokens=usage.get("cache_write_tokens", 0),
                        completion_tokens=usage.get("completion_tokens", 0))
@@ -421,14 +421,14 @@ class Compactor:
         with self._evicting() as gone:
             for _ in range(n):
                 self._evict_oldest(gone)
-            usage = self.s.usage()
+            usage = self.host.usage()
             limit = terminal.EVICT_CHECK * usage.window
             if usage.tokens - con.block_tokens(self.segments[:-1]) <= limit:
                 while usage.tokens > limit and len(self.segments) > 1:
                     self._evict_oldest(gone)
-                    usage = self.s.usage()
+                    usage = self.host.usage()
         ids = [x.id for x in gone]
-        self.s.log("eviction", segments=ids, uid_from=gone[0].uid_from, uid_to=gone[-1].uid_to,
+        self.host.log("eviction", segments=ids, uid_from=gone[0].uid_from, uid_to=gone[-1].uid_to,
                    block_before=block_before, block_after=con.block_tokens(self.segments),
                    payload_after=usage.tokens, window=usage.window, within=usage.tokens <= limit)
         return gone
@@ -438,7 +438,7 @@ class Compactor:
         """After a compaction: past ≈ 80 % of its budget, the block's oldest run is consolidated
         (gates permitting); once depth is exhausted the deterministic sink absorbs the coldest L0;
         only what is still over the budget is evicted. `consolidation=False`: eviction only."""
-        st = self.s.settings()
+        st = self.host.settings()
         budget = BLOCK_SHARE * effective
         notices: list[str] = []
         for _ in range(2 * st.max_consolidations + 2):  # each pass commits one merge or stops
@@ -461,7 +461,7 @@ class Compactor:
         """One consolidation (or, `sink`, the terminal chain's zero-LLM merge) through the same
         protocol as a compaction: started → summary_completed → declared → finished, or aborted
         with the gate or the reason. Returns the notice, or None when nothing was committed."""
-        s, st = self.s, self.s.settings()
+        s, st = self.host, self.host.settings()
         members = [self.segments[i] for i in run]
         ids = [x.id for x in members]
         events = [e for e in s.events() if members[0].uid_from <= e.uid <= members[-1].uid_to]
@@ -532,9 +532,9 @@ class Compactor:
         allows); (None, info) on any failure or unusable output — the originals then stay."""
         target = min(con.merge_target(members), int(0.2 * effective))
         info: dict[str, Any] = {"target": target, "llm_tokens": 0}
-        messages = [{"role": "system", "content": self.s.system_prompt()},
+        messages = [{"role": "system", "content": self.host.system_prompt()},
                     *con.merge_messages(members, target, self.language(members[-1].uid_to))]
-        info["envelope"] = {"model": self.s.settings().model, "messages": len(messages), "tools": False}
+        info["envelope"] = {"model": self.host.settings().model, "messages": len(messages), "tools": False}
         try:
             completion = self._summarizer_call(messages)
         except Exception as exc:  # a failed consolidation keeps the originals; it never breaks the turn
@@ -542,7 +542,7 @@ class Compactor:
             return None, info
         usage = completion.usage or {}
         info["llm_tokens"] = usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)
-        guides = [Event(x.uid_from, self.s.name, 0, "user", x.prose) for x in members]
+        guides = [Event(x.uid_from, self.host.name, 0, "user", x.prose) for x in members]
         prose, why = validate_summary(completion.text, guides, target)
         if prose is None:
             info["error"] = f"merged guide rejected: {why}"
@@ -552,7 +552,7 @@ class Compactor:
     def next_seq(self) -> int:
         """The next protocol number, allocated under the lease from what the store holds."""
         with self._lock:
-            stored = max((r["seq"] for r in self.s.store.load_compactions(self.s.name)), default=0)
+            stored = max((r["seq"] for r in self.host.store.load_compactions(self.host.name)), default=0)
             self.seq = max(self.seq, stored) + 1
             return self.seq
 
@@ -560,7 +560,7 @@ class Compactor:
                 only_ready: bool = False) -> list[str]:
         """Commit what the background made, then make and commit segments until pressure is under
         the target or nothing is left. `only_ready`: commit the finished background result only."""
-        s = self.s
+        s = self.host
         with self.exclusive(LOCK_WAIT_S if manual or tier == "hard" else 0.0) as busy:
             if busy:
                 s.log("skip", tier=tier, reason="locked", trigger=reason, detail=busy)
@@ -576,7 +576,7 @@ class Compactor:
         with self.exclusive(LOCK_WAIT_S) as busy:
             if busy:
                 return None, [f"{busy}; try again in a moment"]
-            before = self.s.usage()
+            before = self.host.usage()
             seq = self.next_seq()
             self.rows.start(seq, trigger=reason, tier=before.tier, uid_from=events[0].uid, uid_to=events[-1].uid)
             segment, info = self.make(seq, events, before.effective, focus, earlier)
@@ -585,8 +585,8 @@ class Compactor:
                 self.rows.abort(seq, rejected)
                 return None, [f"the fork's summary was not committed: {rejected}"]
             self.rows.finish(seq)
-            self.s.log("compaction", tier=before.tier, trigger=reason, tokens_before=before.tokens,
-                       tokens_after=self.s.usage().tokens, llm_tokens=info.get("llm_tokens", 0),
+            self.host.log("compaction", tier=before.tier, trigger=reason, tokens_before=before.tokens,
+                       tokens_after=self.host.usage().tokens, llm_tokens=info.get("llm_tokens", 0),
                        uid_from=segment.uid_from, uid_to=segment.uid_to, segments=[segment.id],
                        degraded=segment.degraded, evicted=[])
             return segment, self._notes(segment, info, before.tier)
@@ -595,7 +595,7 @@ class Compactor:
         """Retract the newest segment (`%compact --undo`): an append-only declaration that the
         projection honours, so its uids are raw again. Only when they fit below the warn line (else
         the next call would compact them again) and the segment is still an L0 in force."""
-        s = self.s
+        s = self.host
         with self.exclusive(LOCK_WAIT_S) as busy:
             if busy:
                 return [f"{busy}; nothing was undone; try again in a moment"]
@@ -631,7 +631,7 @@ class Compactor:
                     f"{human(after.tokens)} tokens)"]
 
     def _compact_locked(self, tier: str, reason: str, focus: str, *, manual: bool, only_ready: bool) -> list[str]:
-        s = self.s
+        s = self.host
         if manual and self.breaker.open:
             self.breaker.half_open = True  # the user's %compact tries the model once
         before = s.usage()
@@ -744,7 +744,7 @@ class Compactor:
         ignored the target length): the summary's protocol number is aborted, and the zero-LLM digest
         of the same range is made under the next one (started → summary_completed → declared →
         finished, as any compaction). Returns (seq, digest, info) for the caller to check and commit."""
-        s = self.s
+        s = self.host
         self.rows.abort(seq, "not_smaller", tokens=[now, then], fallback="degraded")
         s.log("skip", tier=tier, reason="not_smaller", trigger=reason, tokens_before=now, tokens_after=then,
               uid_from=summary.uid_from, uid_to=summary.uid_to, fallback="degraded")
@@ -767,16 +767,16 @@ class Compactor:
         note = self._merge(run, effective, tier, sink=True) if run else None
         if note:
             notices.append(note)
-        if self.s.usage().tier != "hard" or not self.segments or not self.lease.valid():
+        if self.host.usage().tier != "hard" or not self.segments or not self.lease.valid():
             return notices, []
         block_before = con.block_tokens(self.segments)
         with self._evicting() as gone:
-            usage = self.s.usage()
+            usage = self.host.usage()
             while usage.tier == "hard" and self.segments:
                 self._evict_oldest(gone)
-                usage = self.s.usage()
+                usage = self.host.usage()
         ids = [x.id for x in gone]
-        self.s.log("eviction", segments=ids, uid_from=gone[0].uid_from, uid_to=gone[-1].uid_to,
+        self.host.log("eviction", segments=ids, uid_from=gone[0].uid_from, uid_to=gone[-1].uid_to,
                    block_before=block_before, block_after=con.block_tokens(self.segments),
                    payload_after=usage.tokens, window=usage.window, within=usage.tokens < effective,
                    reason="over_window")
@@ -808,7 +808,7 @@ class Compactor:
         """Ledger rows and notices for a degraded segment and for the breaker opening (once)."""
         if not segment.degraded:
             return []
-        self.s.log("degraded", tier=tier, seq=segment.id, error=info.get("error", ""), uid_from=segment.uid_from,
+        self.host.log("degraded", tier=tier, seq=segment.id, error=info.get("error", ""), uid_from=segment.uid_from,
                     uid_to=segment.uid_to)
         if info.get("breaker"):
             return ["automatic LLM compaction stopped after 3 failures in a row; history is kept with zero-LLM "
@@ -867,7 +867,7 @@ class Compactor:
         rejected = self.commit(pending.segment) if then < now else f"would not make the payload smaller ({now} → {then} tokens)"
         if rejected:
             self.rows.abort(pending.seq, rejected)
-            self.s.log("commit_rejected", tier="compress", reason=rejected, uid_from=pending.segment.uid_from,
+            self.host.log("commit_rejected", tier="compress", reason=rejected, uid_from=pending.segment.uid_from,
                         uid_to=pending.segment.uid_to)
             return None
         self.rows.finish(pending.seq)
@@ -885,7 +885,7 @@ class Compactor:
         replay, `background_compaction=False`) one is made here. `effective`: the usable window, when the
         caller has measured it already (else it is measured here)."""
         if self.pending is None and synchronous_background:
-            self.start_background(effective or self.s.usage().effective, True)
+            self.start_background(effective or self.host.usage().effective, True)
         return self.compact(tier, "with clearing", only_ready=True) if self._ready() else []
 
     def on_tier(self, tier: str, synchronous_background: bool, effective: int | None = None) -> list[str]:
@@ -896,14 +896,14 @@ class Compactor:
         self.calls += 1
         if TIERS.index(tier) < TIERS.index("warn"):
             return []
-        effective = effective or self.s.usage().effective
+        effective = effective or self.host.usage().effective
         if tier == "warn":
             self.start_background(effective, synchronous_background)
             return []
         if tier == "compress":
             if self.calls - self.last_compaction_call <= REFILL_CALLS and not self.refill_skipped:
                 self.refill_skipped = True
-                self.s.log("skip", tier=tier, reason="rapid_refill")
+                self.host.log("skip", tier=tier, reason="rapid_refill")
                 return ["context refilled right after a compaction; skipping one automatic compaction"]
             self.refill_skipped = False
             if self.pending is None:

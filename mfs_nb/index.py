@@ -113,7 +113,7 @@ class Indexer:
     """The recall index of one session: background writer and hybrid search."""
 
     def __init__(self, host: Host, enabled: bool = True):
-        self.s = host
+        self.host = host
         self.enabled = enabled
         self._wake = threading.Event()
         self._idle = threading.Event()
@@ -141,7 +141,7 @@ class Indexer:
             self._idle.clear()
             self._wake.set()
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._loop, name=f"mfs-index-{self.s.name}", daemon=True)
+                self._thread = threading.Thread(target=self._loop, name=f"mfs-index-{self.host.name}", daemon=True)
                 self._thread.start()
 
     def _loop(self) -> None:
@@ -157,7 +157,7 @@ class Indexer:
             try:
                 self.catch_up()
             except Exception as exc:  # the index is derived data: a failure costs nothing in the log
-                if isinstance(exc, StoreError) and read_only_error(exc) and not self.s.store.writable():
+                if isinstance(exc, StoreError) and read_only_error(exc) and not self.host.store.writable():
                     pass  # a read-only store: every search says so itself (`search`)
                 elif isinstance(exc, StoreError):
                     self._note(f"indexing paused ({exc}); search answers from what is indexed")
@@ -185,7 +185,7 @@ class Indexer:
         """The session's embedder (the verbatim track's, quality-gated), or None (full text only)."""
         if self.failed:
             return None
-        return self.s.embedder(True)
+        return self.host.embedder(True)
 
     def catch_up(self, progress: Any = None, vectors: bool = True, batch: int = BATCH,
                  plain: bool = True) -> dict[str, int]:
@@ -195,9 +195,9 @@ class Indexer:
         that waits for the result (a benchmark, a re-index) may take bigger batches; `plain` False
         skips the user messages' plain vectors (only the verbatim track reads them)."""
         with self._run_lock:
-            store, name = self.s.store, self.s.name
-            events = list(self.s.events())
-            segments = list(self.s.segments())
+            store, name = self.host.store, self.host.name
+            events = list(self.host.events())
+            segments = list(self.host.segments())
             turns = {e.uid: e.turn for e in events}
             text_upto, text_seg = store.recall_state(name, "")
             new_events = [e for e in events if e.uid > text_upto]
@@ -223,16 +223,16 @@ class Indexer:
                 before = step[-1] if step else before
                 n_rows += len(rows)
                 # the vector tables are folded with it when the embedder is loaded (never loaded for this)
-                self._wrote(len(rows), None if self.failed or not vectors else self.s.embedder(False))
+                self._wrote(len(rows), None if self.failed or not vectors else self.host.embedder(False))
             done = {"text_rows": n_rows, "vector_rows": 0}
             embedder = self.model() if vectors else None
             if embedder is not None:
                 done["vector_rows"] = self._vectors(embedder, events, segments, turns, progress, batch, plain)
                 if plain and not self._stop:  # the user messages' verdicts, from the vectors just written
                     try:
-                        self.s.after_index(store.recall_state(name, embedder.model_id)[0])
+                        self.host.after_index(store.recall_state(name, embedder.model_id)[0])
                     except Exception as exc:  # the compaction that covers them classifies them itself
-                        self.s.log("verdicts_deferred", error=f"{type(exc).__name__}: {str(exc)[:200]}")
+                        self.host.log("verdicts_deferred", error=f"{type(exc).__name__}: {str(exc)[:200]}")
             return done
 
     def _wrote(self, rows: int, embedder: Any) -> None:
@@ -246,19 +246,19 @@ class Indexer:
             return
         self._rows_since_optimize = 0
         try:
-            info = self.s.store.optimize_recall(embedder.model_id if embedder is not None else None)
+            info = self.host.store.optimize_recall(embedder.model_id if embedder is not None else None)
         except Exception as exc:  # a fold is an optimisation: nothing is lost, and indexing goes on
-            self.s.log("recall_fold_skipped", error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+            self.host.log("recall_fold_skipped", error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
             return
         if info.get("ann_built"):
-            self.s.log("recall_index", ann_built=True, vector_rows=info.get("vector_rows"))
+            self.host.log("recall_index", ann_built=True, vector_rows=info.get("vector_rows"))
 
     def _vectors(self, embedder: Any, events: Sequence[Event], segments: Sequence[Segment],
                  turns: dict[int, int], progress: Any, size: int = BATCH, plain: bool = True) -> int:
         """Embed what the model's table lacks, `size` texts per call, and write the vectors (with
         the watermark) every `max(size, WRITE_ROWS)` rows. In the background thread it embeds one
         text at a time and waits while a turn runs, before every text and every write."""
-        store, name, model_id = self.s.store, self.s.name, embedder.model_id
+        store, name, model_id = self.host.store, self.host.name, embedder.model_id
         upto, seg_upto = store.recall_state(name, model_id)
         # latent terms are written with the vectors; rows embedded before (an older store, a head that
         # failed) get theirs first, and only then does the latent watermark follow the vectors'
@@ -283,7 +283,7 @@ class Indexer:
                     seg_upto: int, size: int) -> tuple[int, int, int]:
         """Embed and write these rows (every chunk of an event is among them); returns (rows written,
         event watermark, segment watermark)."""
-        store, name, model_id = self.s.store, self.s.name, embedder.model_id
+        store, name, model_id = self.host.store, self.host.name, embedder.model_id
         written, pending = 0, []
         every = max(size, WRITE_ROWS)
         for i in range(0, len(todo), size):
@@ -297,7 +297,7 @@ class Indexer:
                     raise ValueError("the embedder returned NaN or infinity")
             except Exception as exc:
                 self.failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-                self.s.log("recall_index_failure", model=model_id, error=self.failed)
+                self.host.log("recall_index_failure", model=model_id, error=self.failed)
                 self._note(f"the embedder failed ({self.failed}); search uses full text only until the session "
                            "is reopened; nothing is lost")
                 return written, upto, seg_upto
@@ -334,7 +334,7 @@ class Indexer:
         watermarks agree afterwards (new rows then move both)."""
         if _latent_of(embedder) is None or self.latent_failed:
             return False
-        store, name, model_id = self.s.store, self.s.name, embedder.model_id
+        store, name, model_id = self.host.store, self.host.name, embedder.model_id
         upto, seg_upto = store.recall_state(name, model_id + LATENT)
         todo = [e for e in events if upto < e.uid <= vectors[0]]
         before = next((e for e in reversed(events) if e.uid <= upto), None)
@@ -388,17 +388,17 @@ class Indexer:
         end = time.monotonic() + limit_s
         waited = False
         while time.monotonic() < end and not self._stop:
-            if not self.s.busy():
+            if not self.host.busy():
                 if not waited:
                     return
                 time.sleep(IDLE_GRACE_S)  # the next turn of a loop of turns usually starts right away
-                if not self.s.busy():
+                if not self.host.busy():
                     return
             waited = True
             time.sleep(0.02)
 
     def _last_uid(self) -> int:
-        events = self.s.events()
+        events = self.host.events()
         return events[-1].uid if events else 0
 
     def _note(self, text: str) -> None:
@@ -408,8 +408,8 @@ class Indexer:
     def progress(self, load: bool = True) -> dict[str, Any]:
         """How much of the session is indexed: by full text, and by the current embedder (with
         `load` False, only if the embedder is already loaded: `%mfs status` must stay instant)."""
-        store, name = self.s.store, self.s.name
-        embedder = self.model() if load else (self.s.embedder(False) if not self.failed else None)
+        store, name = self.host.store, self.host.name
+        embedder = self.model() if load else (self.host.embedder(False) if not self.failed else None)
         states = store.recall_states(name, ["", embedder.model_id] if embedder is not None else [""])
         text_upto = states[""][0]
         vec_upto = states[embedder.model_id][0] if embedder is not None else 0
@@ -427,13 +427,13 @@ class Indexer:
         bad = [m for m in methods if m not in S.METHODS]
         if bad or not set(methods) & {"fts", "vector"}:
             raise InputError(f"methods must be fts and/or vector (latent only beside them), not {list(methods)!r}")
-        where = S.where(self.s.name, role, uid_from, uid_to)
+        where = S.where(self.host.name, role, uid_from, uid_to)
         notices: list[str] = []
         progress = self.progress()
         if progress["text_upto"] < self._last_uid():
-            if not self.s.store.writable():  # nothing can be indexed there: no thread that fails, say so
+            if not self.host.store.writable():  # nothing can be indexed there: no thread that fails, say so
                 notices.append(f"indexed up to uid {progress['text_upto']} of {self._last_uid()}: the store at "
-                               f"{self.s.store.shown} is read-only, so the index cannot grow there and the newer "
+                               f"{self.host.store.shown} is read-only, so the index cannot grow there and the newer "
                                "events are searched by their words directly")
             else:
                 self.kick(force=True)
@@ -451,7 +451,7 @@ class Indexer:
         if "vector" in methods:
             embedder = self.model()
             if embedder is None:
-                why = self.failed or self.s.embedder_off() or "no embedder"
+                why = self.failed or self.host.embedder_off() or "no embedder"
                 notices.append(f"full-text search only: vectors are unavailable ({why})")
             else:
                 found = self._vector(embedder, query, where)
@@ -481,7 +481,7 @@ class Indexer:
         names = list(ranked)
         fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names],
                        weights=[S.WEIGHTS[m.split("@")[0]] for m in names])
-        seg_texts = self.s.store.index_texts([info[(kd, u)]["key"] for kd, u in
+        seg_texts = self.host.store.index_texts([info[(kd, u)]["key"] for kd, u in
                                               (_item(x) for x, _ in fused[:k]) if kd == "segment"])
         hits: list[Hit] = []
         for key, score in fused[:k]:
@@ -519,7 +519,7 @@ class Indexer:
         found = {item for name, lst in ranked.items() for item in lst}
         uids = sorted({u + d for _, u in found for d in (-1, 0, 1) if u + d > 0})
         try:
-            rows = self.s.store.latent_rows(embedder.model_id, S.where(self.s.name, role, uid_from, uid_to), uids)
+            rows = self.host.store.latent_rows(embedder.model_id, S.where(self.host.name, role, uid_from, uid_to), uids)
         except Exception as exc:  # a damaged latent table costs the third ranking, not the search
             notices.append(f"latent terms could not be read ({type(exc).__name__}); search fused full text and vectors")
             return None
@@ -548,7 +548,7 @@ class Indexer:
         """The uid ranges of the events written in the spans of time the query names (at most
         MAX_SPANS), within the search's own range; none that is empty or holds every event searched
         anyway. Dates are read in local time and compared with the events' UTC stamps."""
-        events = self.s.events()
+        events = self.host.events()
         if not events:
             return []
         local = datetime.now().astimezone()
@@ -581,7 +581,7 @@ class Indexer:
 
     def _event(self, uid: int) -> Event | None:
         """The event with this uid, from the session's log in memory (uids are dense from 1)."""
-        events = self.s.events()
+        events = self.host.events()
         if 0 < uid <= len(events) and events[uid - 1].uid == uid:
             return events[uid - 1]
         return next((e for e in events if e.uid == uid), None)
@@ -592,7 +592,7 @@ class Indexer:
         """One method's rows (row, score; higher is better) as a ranking of (kind, uid): the best chunk
         per item, events smoothed with their neighbours (search.smooth), segments as they scored."""
         best: dict[tuple[str, int], float] = {}
-        force = self.s.segments()
+        force = self.host.segments()
         ids, ranges = {x.id for x in force}, {(x.uid_from, x.uid_to) for x in force}
         for r, score in rows:
             if r["kind"] == "segment" and not segment_in_force(r, ids, ranges):
@@ -621,7 +621,7 @@ class Indexer:
         terms = [re.compile(rf"(?<!\w){re.escape(w)}(?!\w)") for w in dict.fromkeys(latin)]
         pairs = list(dict.fromkeys(cjk[i:i + 2] for i in range(max(len(cjk) - 1, 1)) if cjk))
         scored: list[tuple[int, int]] = []
-        for e in [e for e in self.s.events() if e.uid > upto][-limit:]:
+        for e in [e for e in self.host.events() if e.uid > upto][-limit:]:
             if not self._admits(e.uid, roles, uid_from, uid_to):
                 continue
             text = event_text(e).lower()
@@ -644,7 +644,7 @@ class Indexer:
         latin, cjk = S.fts_query(S.latin_text(query)), S.cjk_text(query)
         for text, is_cjk in ((latin, False), (cjk, True)):
             if text:
-                out += [(r, float(r["_score"])) for r in self.s.store.search_text(where, text, is_cjk, CANDIDATES)]
+                out += [(r, float(r["_score"])) for r in self.host.store.search_text(where, text, is_cjk, CANDIDATES)]
         return out
 
     def _vector(self, embedder: Any, query: str, where: str) -> list[tuple[dict[str, Any], float]] | None:
@@ -653,7 +653,7 @@ class Indexer:
         except Exception as exc:
             self._note(f"the embedder failed on the query ({type(exc).__name__}); full-text results only")
             return None
-        found = self.s.store.search_vectors(embedder.model_id, where, vector.tolist(), CANDIDATES)
+        found = self.host.store.search_vectors(embedder.model_id, where, vector.tolist(), CANDIDATES)
         return [(r, 1.0 - float(r["_distance"])) for r in found]
 
     def query_vector(self, embedder: Any, query: str) -> np.ndarray:
@@ -685,7 +685,7 @@ class Indexer:
     def _around(self, uid: int, n: int) -> tuple[dict[str, Any], ...]:
         if n <= 0:
             return ()
-        events = self.s.events()
+        events = self.host.events()
         lo, hi = uid - n, uid + n
         return tuple({"uid": e.uid, "role": e.role, "turn": e.turn, "content": e.content}
                      for e in events if lo <= e.uid <= hi)

@@ -194,7 +194,7 @@ class VerbatimTrack:
     """Verdicts of one session's user messages and the track built from them."""
 
     def __init__(self, host: Host):
-        self.s = host
+        self.host = host
         self._lock = threading.RLock()
         stored = host.store.load_verdicts(host.name)
         said = _messages(host, set(stored))
@@ -211,7 +211,7 @@ class VerbatimTrack:
     # -- the vector layer ------------------------------------------------------------------
     def vector_layer(self) -> CachedEmbedder | None:
         """The embedder, loaded and gated once per setting; None when the layer is off."""
-        name = self.s.settings().embedding_model
+        name = self.host.settings().embedding_model
         if name == self._embedder_for:
             return self._embedder
         self._embedder_for, self._embedder, self.off_reason = name, None, None
@@ -225,7 +225,7 @@ class VerbatimTrack:
             problem = f"cannot load {name}: {type(exc).__name__}: {exc}"
         if problem:
             self.off_reason = problem
-            self.s.log("vector_layer_off", model=name, reason=problem)
+            self.host.log("vector_layer_off", model=name, reason=problem)
             self.notices.append(f"quote detection is off ({problem}); user messages are classified by explicit "
                                 "channels and length only")
             return None
@@ -234,13 +234,13 @@ class VerbatimTrack:
 
     def loaded_layer(self) -> CachedEmbedder | None:
         """The embedder if it is already loaded for the current setting (never loads it)."""
-        return self._embedder if self._embedder_for == self.s.settings().embedding_model else None
+        return self._embedder if self._embedder_for == self.host.settings().embedding_model else None
 
     # -- verdicts --------------------------------------------------------------------------
     def add(self, uid: int, verdict: Verdict, model: str = "", message: str | None = None) -> None:
         """`verdict` for the user message `uid`, whose text is `message` (see `_row`)."""
         with self._lock:
-            self.s.store.save_verdicts(self.s.name, [_row(uid, verdict, model, message)])
+            self.host.store.save_verdicts(self.host.name, [_row(uid, verdict, model, message)])
             self.verdicts.setdefault(uid, verdict)
 
     def classify_pending(self, upto: int, in_turn: bool = True) -> int:
@@ -250,13 +250,13 @@ class VerbatimTrack:
         disposition needs is embedded (chunks that may quote a reply); a message the index has not
         embedded yet gets its origin vector when the index reaches it (`indexed`)."""
         with self._lock:
-            events = self.s.events()
+            events = self.host.events()
             todo = [e for e in events if e.role == "user" and e.uid <= upto and e.uid not in self.verdicts]
             if not todo:
                 return 0
             embedder = self.vector_layer()
             own = self._own_vectors(embedder, todo) if embedder is not None else {}
-            later = in_turn and self.s.settings().recall_index  # origin vectors the index will give
+            later = in_turn and self.host.settings().recall_index  # origin vectors the index will give
             if embedder is not None and len(todo) > 1:
                 try:
                     prefetch(embedder, [(e.content, _recent(e, events), own.get(e.uid), not later) for e in todo])
@@ -270,10 +270,10 @@ class VerbatimTrack:
                     vectors.append((e.uid, list(verdict.vector)))
                 self.verdicts[e.uid] = verdict
                 counts[verdict.disposition] += 1
-            self.s.store.save_verdicts(self.s.name, rows)
+            self.host.store.save_verdicts(self.host.name, rows)
             if embedder is not None:
                 self._save_vectors(embedder, vectors, upto)
-            self.s.log("origin", upto=upto, **{k.replace("+", "_"): v for k, v in counts.items() if v})
+            self.host.log("origin", upto=upto, **{k.replace("+", "_"): v for k, v in counts.items() if v})
             return len(todo)
 
     def indexed(self, upto: int) -> None:
@@ -286,16 +286,16 @@ class VerbatimTrack:
         if not vectors:
             return
         try:
-            self.s.store.save_vectors(embedder.model_id, self.s.name, vectors)
+            self.host.store.save_vectors(embedder.model_id, self.host.name, vectors)
         except Exception as exc:  # vectors are a record, not needed to render the track; the ledger says so
-            self.s.log("vector_write_failed", upto=upto, vectors=len(vectors),
+            self.host.log("vector_write_failed", upto=upto, vectors=len(vectors),
                        error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
 
     def _own_vectors(self, embedder: CachedEmbedder, todo: Sequence[Event]) -> dict[int, list[float]]:
         """The recall index's vectors of these messages' own words (it usually writes them first): a
         message the index embedded is not embedded again for its stored origin vector."""
         try:
-            return self.s.store.stored_vectors(embedder.model_id, self.s.name, [e.uid for e in todo])
+            return self.host.store.stored_vectors(embedder.model_id, self.host.name, [e.uid for e in todo])
         except Exception:  # the index is derived data; without it the classifier embeds as before
             return {}
 
@@ -306,7 +306,7 @@ class VerbatimTrack:
             verdict = origin.classify(event.content, recent, embedder, estimate_tokens, own_vector=own_vector,
                                       with_vector=with_vector)
             if verdict.disposition == origin.DOCUMENT:
-                snap = snapshots.write(self.s.store.files, event.content, "message")
+                snap = snapshots.write(self.host.store.files, event.content, "message")
                 verdict = Verdict(origin.DOCUMENT, verdict.source, "", None, verdict.score, verdict.chars,
                                   verdict.first_line, (snap.to_json(),), verdict.vector)
             return verdict
@@ -326,7 +326,7 @@ class VerbatimTrack:
             self.classify_pending(upto)
             from .lang import header_language
 
-            users = [e for e in self.s.events() if e.role == "user" and e.uid <= upto]
+            users = [e for e in self.host.events() if e.role == "user" and e.uid <= upto]
             language = header_language(users)
             entries = [(e.uid, origin.render_entry(e.uid, self.verdicts[e.uid], language)) for e in users
                        if e.uid in self.verdicts]

@@ -134,7 +134,7 @@ def test_eviction_goes_on_to_0_9_of_the_window_only_where_it_can_get_there(store
     gone = c.evict_if_needed(3300)
     assert [x.id for x in gone] == [1, 2, 3]  # only what the block budget needs; the check is logged as failed
     assert not rows[-1]["within"] and [x.id for x in c.segments] == [4, 5, 6]
-    declared = [r for r in c.s.store.load_compactions("fake") if r["phase"] == "declared"]
+    declared = [r for r in c.host.store.load_compactions("fake") if r["phase"] == "declared"]
     assert declared[-1]["segment_ids"] == [1, 2, 3]
 
 

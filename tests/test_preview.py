@@ -193,7 +193,7 @@ def test_the_previews_trial_segment_is_never_seen_by_other_threads(store_dir, mo
     real = s.send_view
 
     def watching(*args, **kwargs):
-        seen.append([x.id for x in s.indexer.s.segments()])  # what the indexer and search read
+        seen.append([x.id for x in s.indexer.host.segments()])  # what the indexer and search read
         return real(*args, **kwargs)
 
     monkeypatch.setattr(s, "send_view", watching)
