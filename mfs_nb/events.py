@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -170,3 +171,9 @@ def replies_before(events: Sequence[Event], uid: int, n: int) -> list[tuple[int,
 
 def _uid(event: Event) -> int:
     return event.uid
+
+
+def now_iso() -> str:
+    """UTC time with milliseconds, from one clock reading (two readings could straddle a second)."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"

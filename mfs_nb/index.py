@@ -15,22 +15,27 @@ are still found by full text, and the results say so.
 
 from __future__ import annotations
 
-import bisect
 import os
-import re
 import threading
 import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import search as S
-from .errors import InputError, StoreError
+from .errors import StoreError
 from .events import Event
-from .search import Hit, Results
-from .store import now_iso, read_only_error
+from .index_rows import (
+    INDEX_FIELDS,
+    latent_row,
+    plain_rows,
+    rows_for_events,
+    rows_for_segment,
+)
+from .search import Results
+from .searcher import Searcher
+from .store import read_only_error
 
 if TYPE_CHECKING:
     from .host import Host
@@ -44,69 +49,10 @@ WRITE_ROWS = 32
 TEXT_EVENTS = 1_000  # events per full-text write when a backlog is indexed
 IDLE_GRACE_S = 0.1  # after a turn, wait this long before indexing again
 OPTIMIZE_EVERY = 2_000  # rows written (text and vector rows) between index optimisations
-CANDIDATES = 50  # rows each method contributes to the fusion
-SCAN_EVENTS = 20_000  # newest events not yet indexed that a search reads directly
-MAX_SPANS = 8  # spans of time one query may name
 LATENT = "#latent"  # the latent terms' watermark is the model's, with this suffix
 LATENT_EVENTS = 8  # events per step when latent terms are filled in for an older store
 
 
-def event_text(e: Event) -> str:
-    """What of an event is indexed: its content, and the tool calls an assistant made."""
-    text = e.content or ""
-    for c in e.tool_calls:
-        fn = c.get("function") or {}
-        text += f"\n[{fn.get('name', '?')}({(fn.get('arguments') or '')[:300]})]"
-    return text.strip()
-
-
-def rows_for_event(e: Event, before: Event | None = None) -> list[dict[str, Any]]:
-    """The index rows of one event. The first chunk is embedded together with the end of the event
-    before it (`words`), so an answer is also found by the meaning of the question it answers; the
-    word index reads the chunk alone, so a short reply is not found by its predecessor's words."""
-    context = S.context_tail(event_text(before)) if before is not None else ""
-    return [_row(e.session, "event", e.uid, e.uid, e.turn, e.role, i, c, context if i == 0 else "")
-            for i, c in enumerate(S.chunks(event_text(e)))]
-
-
-def rows_for_events(events: Sequence[Event], previous: Event | None = None) -> list[dict[str, Any]]:
-    rows = []
-    for e in events:
-        rows += rows_for_event(e, previous)
-        previous = e
-    return rows
-
-
-def plain_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """For a user message indexed with context, one more vector row of its own words alone
-    (chunk -1): the user-verbatim track's classifier reads it instead of embedding the text again."""
-    return [{**r, "key": r["key"][:-4] + "plain", "chunk": -1, "words": r["text"]} for r in rows
-            if r["role"] == "user" and r["chunk"] == 0 and r["words"] != r["text"]]
-
-
-def rows_for_segment(session: str, seg: Segment, turn: int) -> list[dict[str, Any]]:
-    """A segment's rows; the key ends with the segment's id, so a later segment over the same uids
-    (a consolidation, or a compaction again after an undo) gets rows of its own."""
-    return [{**r, "key": f"{r['key']}\x1f{seg.id}"} for r in
-            (_row(session, "segment", seg.uid_from, seg.uid_to, turn, "segment", i, c)
-             for i, c in enumerate(S.chunks(seg.prose)))]
-
-
-def segment_in_force(row: dict[str, Any], ids: set[int], ranges: set[tuple[int, int]]) -> bool:
-    """Whether a segment row belongs to a segment now in the payload: by the id in its key, or (rows
-    written before keys carried it) by its uid range. Retracted and merged segments are not found."""
-    parts = str(row["key"]).split("\x1f")
-    if len(parts) >= 5 and parts[4].isdigit():
-        return int(parts[4]) in ids
-    return (int(row["uid"]), int(row["uid_to"])) in ranges
-
-
-def _row(session: str, kind: str, uid: int, uid_to: int, turn: int, role: str, chunk: int, text: str,
-         context: str = "") -> dict[str, Any]:
-    words = f"{context}\n{text}" if context else text
-    return {"key": f"{session}\x1f{kind}\x1f{uid:012d}\x1f{chunk:04d}", "session": session, "kind": kind, "uid": uid,
-            "uid_to": uid_to, "turn": turn, "role": role, "chunk": chunk, "text": text, "words": words,
-            "cjk": S.cjk_text(text), "created_at": now_iso()}
 
 
 class Indexer:
@@ -123,13 +69,11 @@ class Indexer:
         self._run_lock = threading.Lock()
         self._start_lock = threading.Lock()
         self._rows_since_optimize = 0
-        self._queries: dict[tuple[str, str], np.ndarray] = {}  # (model, query) -> vector, bounded
-        self._latent_queries: dict[tuple[str, str], Any] = {}  # (model, query) -> latent terms, bounded
-        self._ordered: tuple[int, bool] = (-1, True)  # (events seen, their stamps in time order)
         self._latent_sync = False  # the latent watermark agrees with the vectors' (set by each catch-up)
         self.failed: str | None = None  # why vectors stopped (the embedder failed); text goes on
         self.latent_failed: str | None = None  # why latent terms stopped; search fuses the other two
         self.notices: list[str] = []
+        self.reader = Searcher(self)  # the hybrid search over what this writes
 
     # -- writing -----------------------------------------------------------------------------
     def kick(self, force: bool = False) -> None:
@@ -160,9 +104,9 @@ class Indexer:
                 if isinstance(exc, StoreError) and read_only_error(exc) and not self.host.store.writable():
                     pass  # a read-only store: every search says so itself (`search`)
                 elif isinstance(exc, StoreError):
-                    self._note(f"indexing paused ({exc}); search answers from what is indexed")
+                    self.note(f"indexing paused ({exc}); search answers from what is indexed")
                 else:
-                    self._note(f"indexing paused ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
+                    self.note(f"indexing paused ({type(exc).__name__}: {' '.join(str(exc).split())[:200]}); "
                                "search answers from what is indexed")
             finally:
                 if not self._wake.is_set():
@@ -298,7 +242,7 @@ class Indexer:
             except Exception as exc:
                 self.failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
                 self.host.log("recall_index_failure", model=model_id, error=self.failed)
-                self._note(f"the embedder failed ({self.failed}); search uses full text only until the session "
+                self.note(f"the embedder failed ({self.failed}); search uses full text only until the session "
                            "is reopened; nothing is lost")
                 return written, upto, seg_upto
             pending += zip(batch, vectors, self._latent(embedder, batch))
@@ -332,7 +276,7 @@ class Indexer:
         """Latent terms for rows whose vectors are stored but whose terms are not (the latent
         watermark is behind the vectors'), a few events at a time between turns. True when the two
         watermarks agree afterwards (new rows then move both)."""
-        if _latent_of(embedder) is None or self.latent_failed:
+        if S.latent_of(embedder) is None or self.latent_failed:
             return False
         store, name, model_id = self.host.store, self.host.name, embedder.model_id
         upto, seg_upto = store.recall_state(name, model_id + LATENT)
@@ -365,7 +309,7 @@ class Indexer:
     def _latent(self, embedder: Any, rows: list[dict[str, Any]]) -> list[Any]:
         """The latent terms of these rows (None for each when the embedder has none, when it failed
         once, and for the user messages' plain rows, which only the verbatim track reads)."""
-        latent = _latent_of(embedder)
+        latent = S.latent_of(embedder)
         if latent is None or self.latent_failed:
             return [None] * len(rows)
         want = [r for r in rows if r["chunk"] >= 0]
@@ -376,7 +320,7 @@ class Indexer:
             found = iter(terms)
         except Exception as exc:  # the dense vectors and full text still work: say so, lose nothing
             self.latent_failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-            self._note(f"latent terms are unavailable ({self.latent_failed}); search fuses full text and vectors only")
+            self.note(f"latent terms are unavailable ({self.latent_failed}); search fuses full text and vectors only")
             return [None] * len(rows)
         return [next(found) if r["chunk"] >= 0 else None for r in rows]
 
@@ -397,11 +341,11 @@ class Indexer:
             waited = True
             time.sleep(0.02)
 
-    def _last_uid(self) -> int:
+    def last_uid(self) -> int:
         events = self.host.events()
         return events[-1].uid if events else 0
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
         if text not in self.notices:
             self.notices.append(text)
 
@@ -413,302 +357,21 @@ class Indexer:
         states = store.recall_states(name, ["", embedder.model_id] if embedder is not None else [""])
         text_upto = states[""][0]
         vec_upto = states[embedder.model_id][0] if embedder is not None else 0
-        return {"last_uid": self._last_uid(), "text_upto": text_upto, "vectors_upto": vec_upto if embedder else None,
+        return {"last_uid": self.last_uid(), "text_upto": text_upto, "vectors_upto": vec_upto if embedder else None,
                 "model": embedder.model_id if embedder is not None else None, "failed": self.failed}
 
-    # -- reading -----------------------------------------------------------------------------
-    def search(self, query: Any, k: Any = 10, *, role: str | Sequence[str] | None = None,
-               uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,
-               methods: Sequence[str] = S.METHODS) -> Results:
-        """Hybrid search over this session's index. Bad input raises InputError with one line."""
-        query, k = S.check_query(query, k)
-        if not 0 <= int(neighbours) <= 5:
-            raise InputError(f"neighbours must be between 0 and 5 (got {neighbours})")
-        bad = [m for m in methods if m not in S.METHODS]
-        if bad or not set(methods) & {"fts", "vector"}:
-            raise InputError(f"methods must be fts and/or vector (latent only beside them), not {list(methods)!r}")
-        where = S.where(self.host.name, role, uid_from, uid_to)
-        notices: list[str] = []
-        progress = self.progress()
-        if progress["text_upto"] < self._last_uid():
-            if not self.host.store.writable():  # nothing can be indexed there: no thread that fails, say so
-                notices.append(f"indexed up to uid {progress['text_upto']} of {self._last_uid()}: the store at "
-                               f"{self.host.store.shown} is read-only, so the index cannot grow there and the newer "
-                               "events are searched by their words directly")
-            else:
-                self.kick(force=True)
-                notices.append(f"indexed up to uid {progress['text_upto']} of {self._last_uid()}: the newer "
-                               "events are searched by their words directly while indexing continues")
-        roles = [role] if isinstance(role, str) else list(role or [])
-        info: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, uid) -> its best row
-        ranked: dict[str, list[tuple[str, int]]] = {}
-        if "fts" in methods:
-            rows = self._fts(query, where)
-            complete = len(rows) < CANDIDATES  # every match came back: what did not scores nothing
-            ranked["fts"] = self._ranking(rows, info, roles, uid_from, uid_to, 0.0 if complete else None)
-            if progress["text_upto"] < self._last_uid():  # what the index has not reached, read directly
-                ranked["fts@unindexed"] = self._scan(query, progress["text_upto"], roles, uid_from, uid_to)
-        if "vector" in methods:
-            embedder = self.model()
-            if embedder is None:
-                why = self.failed or self.host.embedder_off() or "no embedder"
-                notices.append(f"full-text search only: vectors are unavailable ({why})")
-            else:
-                found = self._vector(embedder, query, where)
-                if found is not None:
-                    ranked["vector"] = self._ranking(found, info, roles, uid_from, uid_to)
-                    if progress["vectors_upto"] < self._last_uid():
-                        notices.append(f"vectors cover uids up to {progress['vectors_upto']} of {self._last_uid()}; "
-                                       "newer events are found by full text while vectors catch up")
-        # a query that names a date ("in May 2023", "yesterday") is searched once more within the
-        # events written then, and that ranking joins the fusion beside the others
-        spans = self._spans(query, uid_from, uid_to)
-        if spans:  # one more ranking per method, over all the spans at once
-            inside = where + " AND (" + " OR ".join(f"(uid >= {lo} AND uid <= {hi})" for lo, hi in spans) + ")"
-            lo, hi = min(a for a, _ in spans), max(b for _, b in spans)  # where neighbours may come from
-            if "fts" in ranked:
-                rows = self._fts(query, inside)
-                ranked["fts@dates"] = self._ranking(rows, info, roles, lo, hi, 0.0 if len(rows) < CANDIDATES else None)
-            if "vector" in ranked:
-                found = self._vector(self.model(), query, inside)
-                if found is not None:
-                    ranked["vector@dates"] = self._ranking(found, info, roles, lo, hi)
-        if "latent" in methods and ranked:
-            latent = self._latent_ranking(query, ranked, info, role, roles, uid_from, uid_to, notices)
-            if latent is not None:
-                ranked["latent"] = latent
-        notices += self.notices
-        names = list(ranked)
-        fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names],
-                       weights=[S.WEIGHTS[m.split("@")[0]] for m in names])
-        seg_texts = self.host.store.index_texts([info[(kd, u)]["key"] for kd, u in
-                                              (_item(x) for x, _ in fused[:k]) if kd == "segment"])
-        hits: list[Hit] = []
-        for key, score in fused[:k]:
-            kind, uid = _item(key)
-            via = tuple(dict.fromkeys(m.split("@")[0] for m in names if (kind, uid) in ranked[m]))
-            if kind == "segment":
-                r = info[(kind, uid)]
-                text = r.get("text") or seg_texts.get(r["key"], "")
-                hits.append(Hit(uid, "segment", int(r["turn"]), round(score, 5), S.snippet(text, query), kind,
-                                int(r["uid_to"]), via, self._around(uid, neighbours)))
-                continue
-            e = self._event(uid)
-            if e is None:
-                continue
-            hits.append(Hit(uid, e.role, e.turn, round(score, 5), S.snippet(event_text(e), query), kind, uid, via,
-                            self._around(uid, neighbours)))
-        return Results(hits, notices, tuple(dict.fromkeys(m.split("@")[0] for m in names)))
-
-    def _latent_ranking(self, query: str, ranked: dict[str, list[tuple[str, int]]],
-                        info: dict[tuple[str, int], dict[str, Any]], role: Any, roles: list[str],
-                        uid_from: int | None, uid_to: int | None, notices: list[str]
-                        ) -> list[tuple[str, int]] | None:
-        """The candidates the other rankings found (and their neighbours) ranked once more by the dot
-        product of their latent terms with the query's: a third, learned view of the same words.
-        None when the embedder has no latent terms, or when some candidate has none stored yet (an
-        older store is filled in the background): a vote for only some of them would tilt the fusion."""
-        embedder = self.model()
-        latent = _latent_of(embedder)
-        if embedder is None or latent is None or self.latent_failed:
-            return None
-        terms = self._query_latent(embedder, latent, query)
-        if terms is None:
-            notices.append("latent terms of the query failed; search fused full text and vectors only")
-            return None
-        found = {item for name, lst in ranked.items() for item in lst}
-        uids = sorted({u + d for _, u in found for d in (-1, 0, 1) if u + d > 0})
-        try:
-            rows = self.host.store.latent_rows(embedder.model_id, S.where(self.host.name, role, uid_from, uid_to), uids)
-        except Exception as exc:  # a damaged latent table costs the third ranking, not the search
-            notices.append(f"latent terms could not be read ({type(exc).__name__}); search fused full text and vectors")
-            return None
-        have = {(r["kind"], int(r["uid"])) for r in rows}
-        if not rows or any(item not in have for item in found):
-            return None
-        q = dict(zip(*terms))
-        scored = [(r, sum(q.get(t, 0.0) * w for t, w in zip(r["terms"], r["weights"]))) for r in rows]
-        return self._ranking(scored, info, roles, uid_from, uid_to, 0.0)
-
-    def _query_latent(self, embedder: Any, latent: Any, query: str) -> tuple[list[int], list[float]] | None:
-        """The query's latent terms, kept like its vector; None when they fail (this query only)."""
-        key = (embedder.model_id, query)
-        terms = self._latent_queries.get(key)
-        if terms is None:
-            try:
-                terms = latent([query])[0]
-            except Exception:
-                return None
-            if len(self._latent_queries) > 512:
-                self._latent_queries.clear()
-            self._latent_queries[key] = terms
-        return terms
-
-    def _spans(self, query: str, uid_from: int | None, uid_to: int | None) -> list[tuple[int, int]]:
-        """The uid ranges of the events written in the spans of time the query names (at most
-        MAX_SPANS), within the search's own range; none that is empty or holds every event searched
-        anyway. Dates are read in local time and compared with the events' UTC stamps."""
-        events = self.host.events()
-        if not events:
-            return []
-        local = datetime.now().astimezone()
-        offset = local.utcoffset() or timedelta(0)
-        newest = _parse_stamp(events[-1].created_at)
-        windows = S.time_windows(query, local.replace(tzinfo=None), newest + offset if newest else None)
-        if not windows:
-            return []
-        stamps = [e.created_at for e in events]
-        ordered = self._ordered
-        if ordered[0] != len(stamps):  # the log is in time order unless a repair stamped a row later
-            ordered = self._ordered = (len(stamps), all(a <= b for a, b in zip(stamps, stamps[1:])))
-        lo_all = max(uid_from or 1, 1)
-        hi_all = min(events[-1].uid, uid_to if uid_to is not None else events[-1].uid)
-        out: list[tuple[int, int]] = []
-        for start, end in windows[:MAX_SPANS]:
-            start_s = (start - offset).strftime("%Y-%m-%dT%H:%M:%S")
-            end_s = (end - offset).strftime("%Y-%m-%dT%H:%M:%S")
-            if ordered[1]:
-                a, b = bisect.bisect_left(stamps, start_s), bisect.bisect_left(stamps, end_s)
-                inside = [events[a].uid, events[b - 1].uid] if a < b else []
-            else:
-                inside = [e.uid for e in events if start_s <= e.created_at < end_s]
-            if not inside:
-                continue
-            lo, hi = max(min(inside), lo_all), min(max(inside), hi_all)
-            if lo <= hi and (lo, hi) != (lo_all, hi_all) and (lo, hi) not in out:
-                out.append((lo, hi))
-        return out
-
-    def _event(self, uid: int) -> Event | None:
-        """The event with this uid, from the session's log in memory (uids are dense from 1)."""
-        events = self.host.events()
-        if 0 < uid <= len(events) and events[uid - 1].uid == uid:
-            return events[uid - 1]
-        return next((e for e in events if e.uid == uid), None)
-
-    def _ranking(self, rows: list[tuple[dict[str, Any], float]], info: dict[tuple[str, int], dict[str, Any]],
-                 roles: list[str], uid_from: int | None, uid_to: int | None, floor: float | None = None
-                 ) -> list[tuple[str, int]]:
-        """One method's rows (row, score; higher is better) as a ranking of (kind, uid): the best chunk
-        per item, events smoothed with their neighbours (search.smooth), segments as they scored."""
-        best: dict[tuple[str, int], float] = {}
-        force = self.host.segments()
-        ids, ranges = {x.id for x in force}, {(x.uid_from, x.uid_to) for x in force}
-        for r, score in rows:
-            if r["kind"] == "segment" and not segment_in_force(r, ids, ranges):
-                continue
-            item = (r["kind"], int(r["uid"]))
-            if score > best.get(item, float("-inf")):
-                best[item] = score
-                info.setdefault(item, r)
-        if not best:
-            return []
-        floor = min(best.values()) if floor is None else floor
-        events = S.smooth({u: sc for (kd, u), sc in best.items() if kd == "event"}, floor=floor)
-        merged = [(("event", u), sc) for u, sc in events if self._admits(u, roles, uid_from, uid_to)]
-        merged += [((kd, u), sc - floor) for (kd, u), sc in best.items() if kd == "segment"]
-        merged.sort(key=lambda x: (-x[1], x[0][1]))
-        return [item for item, _ in merged[:CANDIDATES]]
-
-    def _scan(self, query: str, upto: int, roles: list[str], uid_from: int | None, uid_to: int | None,
-              limit: int = SCAN_EVENTS) -> list[tuple[str, int]]:
-        """Full text over the events the index has not reached yet (after `upto`), read from the log in
-        memory: whole words (and CJK character pairs) of the query found in each event, the most
-        found first, newer first among equals. Cheap, so a search right after a burst of chats, or in
-        a fork whose index is still being written, finds what the log holds (the newest `limit`)."""
-        latin = [w.lower() for w in S.fts_query(S.latin_text(query)).split()]
-        cjk = S.cjk_text(query).replace(" ", "")
-        terms = [re.compile(rf"(?<!\w){re.escape(w)}(?!\w)") for w in dict.fromkeys(latin)]
-        pairs = list(dict.fromkeys(cjk[i:i + 2] for i in range(max(len(cjk) - 1, 1)) if cjk))
-        scored: list[tuple[int, int]] = []
-        for e in [e for e in self.host.events() if e.uid > upto][-limit:]:
-            if not self._admits(e.uid, roles, uid_from, uid_to):
-                continue
-            text = event_text(e).lower()
-            found = sum(1 for t in terms if t.search(text)) + sum(1 for p in pairs if p in text)
-            if found:
-                scored.append((found, e.uid))
-        scored.sort(key=lambda x: (-x[0], -x[1]))
-        return [("event", uid) for _, uid in scored[:CANDIDATES]]
-
-    def _admits(self, uid: int, roles: list[str], uid_from: int | None, uid_to: int | None) -> bool:
-        """A neighbour brought in by smoothing obeys the same filters as the search."""
-        e = self._event(uid)
-        return (e is not None and (not roles or e.role in roles) and (uid_from is None or uid >= uid_from)
-                and (uid_to is None or uid <= uid_to))
-
-    def _fts(self, query: str, where: str) -> list[tuple[dict[str, Any], float]]:
-        """Full-text rows: the word column for Latin words, the n-gram column for CJK runs (a mixed
-        query adds both scores)."""
-        out: list[tuple[dict[str, Any], float]] = []
-        latin, cjk = S.fts_query(S.latin_text(query)), S.cjk_text(query)
-        for text, is_cjk in ((latin, False), (cjk, True)):
-            if text:
-                out += [(r, float(r["_score"])) for r in self.host.store.search_text(where, text, is_cjk, CANDIDATES)]
-        return out
-
-    def _vector(self, embedder: Any, query: str, where: str) -> list[tuple[dict[str, Any], float]] | None:
-        try:
-            vector = self.query_vector(embedder, query)
-        except Exception as exc:
-            self._note(f"the embedder failed on the query ({type(exc).__name__}); full-text results only")
-            return None
-        found = self.host.store.search_vectors(embedder.model_id, where, vector.tolist(), CANDIDATES)
-        return [(r, 1.0 - float(r["_distance"])) for r in found]
+    # -- reading (searcher.Searcher) ---------------------------------------------------------
+    def search(self, query: Any, k: Any = 10, **options: Any) -> Results:
+        """Hybrid search over this session's index (`Searcher.search`)."""
+        return self.reader.search(query, k, **options)
 
     def query_vector(self, embedder: Any, query: str) -> np.ndarray:
-        """The query's vector (e5 queries take their own prefix); the last few hundred are kept."""
-        key = (embedder.model_id, query)
-        if key not in self._queries:
-            self.embed_queries(embedder, [query])
-        return self._queries[key]
+        return self.reader.query_vector(embedder, query)
 
     def embed_queries(self, embedder: Any, queries: Sequence[str], keep: int = 512) -> None:
-        """Embed queries in one call and keep them (a benchmark asks many at once)."""
-        inner = getattr(embedder, "inner", embedder)
-        embed_query = getattr(inner, "embed_query", None) or getattr(inner, "embed", None) or embedder
-        if len(self._queries) + len(queries) > keep:
-            self._queries.clear()
-        for q, v in zip(queries, np.asarray(embed_query(list(queries)), dtype=np.float32)):
-            self._queries[(embedder.model_id, q)] = v
-        latent = _latent_of(embedder)
-        if latent is not None and not self.latent_failed:  # and their latent terms (a failure: none kept)
-            try:
-                found = latent(list(queries))
-            except Exception:
-                return
-            if len(self._latent_queries) + len(queries) > keep:
-                self._latent_queries.clear()
-            for q, terms in zip(queries, found):
-                self._latent_queries[(embedder.model_id, q)] = terms
-
-    def _around(self, uid: int, n: int) -> tuple[dict[str, Any], ...]:
-        if n <= 0:
-            return ()
-        events = self.host.events()
-        lo, hi = uid - n, uid + n
-        return tuple({"uid": e.uid, "role": e.role, "turn": e.turn, "content": e.content}
-                     for e in events if lo <= e.uid <= hi)
+        self.reader.embed_queries(embedder, queries, keep)
 
 
-INDEX_FIELDS = ("key", "session", "kind", "uid", "uid_to", "turn", "role", "chunk")
-
-
-def _latent_of(embedder: Any) -> Any:
-    """The embedder's latent-terms function (through a caching wrapper), or None when it has none."""
-    return getattr(getattr(embedder, "inner", embedder), "latent", None)
-
-
-def latent_row(row: dict[str, Any], terms: tuple[list[int], list[float]]) -> dict[str, Any]:
-    return {k: row[k] for k in INDEX_FIELDS} | {"terms": terms[0], "weights": terms[1]}
-
-
-def _parse_stamp(stamp: str) -> datetime | None:
-    """An event's `created_at` (ISO, UTC) as a naive datetime; None when it is missing or odd."""
-    try:
-        return datetime.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")
-    except (TypeError, ValueError):
-        return None
 
 
 def _lower_priority() -> None:
@@ -717,8 +380,3 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: per thread
     except (AttributeError, OSError):
         pass
-
-
-def _item(key: str) -> tuple[str, int]:
-    kind, _, uid = key.partition(":")
-    return kind, int(uid)

@@ -352,3 +352,8 @@ def time_windows(query: str, now: datetime, present: datetime | None = None) -> 
         days = n * {"day": 1, "week": 7, "month": 30}[m.group(2).lower()]
         out.append((today - timedelta(days=days + max(1, days // 4)), today - timedelta(days=days) + DAY_AFTER))
     return sorted(set(out))
+
+
+def latent_of(embedder: Any) -> Any:
+    """The embedder's latent-terms function (through a caching wrapper), or None when it has none."""
+    return getattr(getattr(embedder, "inner", embedder), "latent", None)

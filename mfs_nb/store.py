@@ -35,7 +35,7 @@ except ImportError:  # Windows: no cross-process lock; the after-write check sti
     fcntl = None  # type: ignore[assignment]
 
 from .errors import StoreError
-from .events import Event
+from .events import Event, now_iso
 from .origin import unit
 
 DEFAULT_STORE = ".mfs"
@@ -243,12 +243,6 @@ def _winner(rows: list[dict[str, Any]], first_commit: bool = False) -> dict[str,
     if first_commit and all("_rowid" in r for r in rows):
         return min(rows, key=lambda r: r["_rowid"])
     return min(rows, key=lambda r: (r["created_at"], r["writer"]))
-
-
-def now_iso() -> str:
-    """UTC time with milliseconds, from one clock reading (two readings could straddle a second)."""
-    now = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
 
 
 def _quote(value: str) -> str:

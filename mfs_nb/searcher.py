@@ -1,0 +1,329 @@
+"""Hybrid search over the recall index an `index.Indexer` writes (docs/architecture.md, "Recall").
+
+`Searcher.search` fuses the full-text and the vector rankings, a re-ranking of their candidates by
+latent terms (the embedder's sparse head) and, for a query that names a date, the same searches
+within the events written then, by reciprocal rank (search.fuse). Rows the vectors have not reached
+yet are still found by full text — and the newest events not indexed at all by their words, read
+directly — and the results say so.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from . import search as S
+from .errors import InputError
+from .events import Event
+from .index_rows import event_text, segment_in_force
+from .search import Hit, Results
+
+if TYPE_CHECKING:
+    from .index import Indexer
+
+CANDIDATES = 50  # rows each method contributes to the fusion
+SCAN_EVENTS = 20_000  # newest events not yet indexed that a search reads directly
+MAX_SPANS = 8  # spans of time one query may name
+
+
+class Searcher:
+    """The reading half of a session's recall index: what the writer (`index.Indexer`) has indexed,
+    searched, with the query vectors and latent terms it computed kept for the next search."""
+
+    def __init__(self, index: Indexer):
+        self.index = index
+        self.host = index.host
+        self._queries: dict[tuple[str, str], np.ndarray] = {}  # (model, query) -> vector, bounded
+        self._latent_queries: dict[tuple[str, str], Any] = {}  # (model, query) -> latent terms, bounded
+        self._ordered: tuple[int, bool] = (-1, True)  # (events seen, their stamps in time order)
+
+    def search(self, query: Any, k: Any = 10, *, role: str | Sequence[str] | None = None,
+               uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,
+               methods: Sequence[str] = S.METHODS) -> Results:
+        """Hybrid search over this session's index. Bad input raises InputError with one line."""
+        query, k = S.check_query(query, k)
+        if not 0 <= int(neighbours) <= 5:
+            raise InputError(f"neighbours must be between 0 and 5 (got {neighbours})")
+        bad = [m for m in methods if m not in S.METHODS]
+        if bad or not set(methods) & {"fts", "vector"}:
+            raise InputError(f"methods must be fts and/or vector (latent only beside them), not {list(methods)!r}")
+        where = S.where(self.host.name, role, uid_from, uid_to)
+        notices: list[str] = []
+        progress = self.index.progress()
+        if progress["text_upto"] < self.index.last_uid():
+            if not self.host.store.writable():  # nothing can be indexed there: no thread that fails, say so
+                notices.append(f"indexed up to uid {progress['text_upto']} of {self.index.last_uid()}: the store at "
+                               f"{self.host.store.shown} is read-only, so the index cannot grow there and the newer "
+                               "events are searched by their words directly")
+            else:
+                self.index.kick(force=True)
+                notices.append(f"indexed up to uid {progress['text_upto']} of {self.index.last_uid()}: the newer "
+                               "events are searched by their words directly while indexing continues")
+        roles = [role] if isinstance(role, str) else list(role or [])
+        info: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, uid) -> its best row
+        ranked: dict[str, list[tuple[str, int]]] = {}
+        if "fts" in methods:
+            rows = self._fts(query, where)
+            complete = len(rows) < CANDIDATES  # every match came back: what did not scores nothing
+            ranked["fts"] = self._ranking(rows, info, roles, uid_from, uid_to, 0.0 if complete else None)
+            if progress["text_upto"] < self.index.last_uid():  # what the index has not reached, read directly
+                ranked["fts@unindexed"] = self._scan(query, progress["text_upto"], roles, uid_from, uid_to)
+        if "vector" in methods:
+            embedder = self.index.model()
+            if embedder is None:
+                why = self.index.failed or self.host.embedder_off() or "no embedder"
+                notices.append(f"full-text search only: vectors are unavailable ({why})")
+            else:
+                found = self._vector(embedder, query, where)
+                if found is not None:
+                    ranked["vector"] = self._ranking(found, info, roles, uid_from, uid_to)
+                    if progress["vectors_upto"] < self.index.last_uid():
+                        notices.append(f"vectors cover uids up to {progress['vectors_upto']} of {self.index.last_uid()}; "
+                                       "newer events are found by full text while vectors catch up")
+        # a query that names a date ("in May 2023", "yesterday") is searched once more within the
+        # events written then, and that ranking joins the fusion beside the others
+        spans = self._spans(query, uid_from, uid_to)
+        if spans:  # one more ranking per method, over all the spans at once
+            inside = where + " AND (" + " OR ".join(f"(uid >= {lo} AND uid <= {hi})" for lo, hi in spans) + ")"
+            lo, hi = min(a for a, _ in spans), max(b for _, b in spans)  # where neighbours may come from
+            if "fts" in ranked:
+                rows = self._fts(query, inside)
+                ranked["fts@dates"] = self._ranking(rows, info, roles, lo, hi, 0.0 if len(rows) < CANDIDATES else None)
+            if "vector" in ranked:
+                found = self._vector(self.index.model(), query, inside)
+                if found is not None:
+                    ranked["vector@dates"] = self._ranking(found, info, roles, lo, hi)
+        if "latent" in methods and ranked:
+            latent = self._latent_ranking(query, ranked, info, role, roles, uid_from, uid_to, notices)
+            if latent is not None:
+                ranked["latent"] = latent
+        notices += self.index.notices
+        names = list(ranked)
+        fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names],
+                       weights=[S.WEIGHTS[m.split("@")[0]] for m in names])
+        seg_texts = self.host.store.index_texts([info[(kd, u)]["key"] for kd, u in
+                                              (_item(x) for x, _ in fused[:k]) if kd == "segment"])
+        hits: list[Hit] = []
+        for key, score in fused[:k]:
+            kind, uid = _item(key)
+            via = tuple(dict.fromkeys(m.split("@")[0] for m in names if (kind, uid) in ranked[m]))
+            if kind == "segment":
+                r = info[(kind, uid)]
+                text = r.get("text") or seg_texts.get(r["key"], "")
+                hits.append(Hit(uid, "segment", int(r["turn"]), round(score, 5), S.snippet(text, query), kind,
+                                int(r["uid_to"]), via, self._around(uid, neighbours)))
+                continue
+            e = self._event(uid)
+            if e is None:
+                continue
+            hits.append(Hit(uid, e.role, e.turn, round(score, 5), S.snippet(event_text(e), query), kind, uid, via,
+                            self._around(uid, neighbours)))
+        return Results(hits, notices, tuple(dict.fromkeys(m.split("@")[0] for m in names)))
+
+    def _latent_ranking(self, query: str, ranked: dict[str, list[tuple[str, int]]],
+                        info: dict[tuple[str, int], dict[str, Any]], role: Any, roles: list[str],
+                        uid_from: int | None, uid_to: int | None, notices: list[str]
+                        ) -> list[tuple[str, int]] | None:
+        """The candidates the other rankings found (and their neighbours) ranked once more by the dot
+        product of their latent terms with the query's: a third, learned view of the same words.
+        None when the embedder has no latent terms, or when some candidate has none stored yet (an
+        older store is filled in the background): a vote for only some of them would tilt the fusion."""
+        embedder = self.index.model()
+        latent = S.latent_of(embedder)
+        if embedder is None or latent is None or self.index.latent_failed:
+            return None
+        terms = self._query_latent(embedder, latent, query)
+        if terms is None:
+            notices.append("latent terms of the query failed; search fused full text and vectors only")
+            return None
+        found = {item for name, lst in ranked.items() for item in lst}
+        uids = sorted({u + d for _, u in found for d in (-1, 0, 1) if u + d > 0})
+        try:
+            rows = self.host.store.latent_rows(embedder.model_id, S.where(self.host.name, role, uid_from, uid_to), uids)
+        except Exception as exc:  # a damaged latent table costs the third ranking, not the search
+            notices.append(f"latent terms could not be read ({type(exc).__name__}); search fused full text and vectors")
+            return None
+        have = {(r["kind"], int(r["uid"])) for r in rows}
+        if not rows or any(item not in have for item in found):
+            return None
+        q = dict(zip(*terms))
+        scored = [(r, sum(q.get(t, 0.0) * w for t, w in zip(r["terms"], r["weights"]))) for r in rows]
+        return self._ranking(scored, info, roles, uid_from, uid_to, 0.0)
+
+    def _query_latent(self, embedder: Any, latent: Any, query: str) -> tuple[list[int], list[float]] | None:
+        """The query's latent terms, kept like its vector; None when they fail (this query only)."""
+        key = (embedder.model_id, query)
+        terms = self._latent_queries.get(key)
+        if terms is None:
+            try:
+                terms = latent([query])[0]
+            except Exception:
+                return None
+            if len(self._latent_queries) > 512:
+                self._latent_queries.clear()
+            self._latent_queries[key] = terms
+        return terms
+
+    def _spans(self, query: str, uid_from: int | None, uid_to: int | None) -> list[tuple[int, int]]:
+        """The uid ranges of the events written in the spans of time the query names (at most
+        MAX_SPANS), within the search's own range; none that is empty or holds every event searched
+        anyway. Dates are read in local time and compared with the events' UTC stamps."""
+        events = self.host.events()
+        if not events:
+            return []
+        local = datetime.now().astimezone()
+        offset = local.utcoffset() or timedelta(0)
+        newest = _parse_stamp(events[-1].created_at)
+        windows = S.time_windows(query, local.replace(tzinfo=None), newest + offset if newest else None)
+        if not windows:
+            return []
+        stamps = [e.created_at for e in events]
+        ordered = self._ordered
+        if ordered[0] != len(stamps):  # the log is in time order unless a repair stamped a row later
+            ordered = self._ordered = (len(stamps), all(a <= b for a, b in zip(stamps, stamps[1:])))
+        lo_all = max(uid_from or 1, 1)
+        hi_all = min(events[-1].uid, uid_to if uid_to is not None else events[-1].uid)
+        out: list[tuple[int, int]] = []
+        for start, end in windows[:MAX_SPANS]:
+            start_s = (start - offset).strftime("%Y-%m-%dT%H:%M:%S")
+            end_s = (end - offset).strftime("%Y-%m-%dT%H:%M:%S")
+            if ordered[1]:
+                a, b = bisect.bisect_left(stamps, start_s), bisect.bisect_left(stamps, end_s)
+                inside = [events[a].uid, events[b - 1].uid] if a < b else []
+            else:
+                inside = [e.uid for e in events if start_s <= e.created_at < end_s]
+            if not inside:
+                continue
+            lo, hi = max(min(inside), lo_all), min(max(inside), hi_all)
+            if lo <= hi and (lo, hi) != (lo_all, hi_all) and (lo, hi) not in out:
+                out.append((lo, hi))
+        return out
+
+    def _event(self, uid: int) -> Event | None:
+        """The event with this uid, from the session's log in memory (uids are dense from 1)."""
+        events = self.host.events()
+        if 0 < uid <= len(events) and events[uid - 1].uid == uid:
+            return events[uid - 1]
+        return next((e for e in events if e.uid == uid), None)
+
+    def _ranking(self, rows: list[tuple[dict[str, Any], float]], info: dict[tuple[str, int], dict[str, Any]],
+                 roles: list[str], uid_from: int | None, uid_to: int | None, floor: float | None = None
+                 ) -> list[tuple[str, int]]:
+        """One method's rows (row, score; higher is better) as a ranking of (kind, uid): the best chunk
+        per item, events smoothed with their neighbours (search.smooth), segments as they scored."""
+        best: dict[tuple[str, int], float] = {}
+        force = self.host.segments()
+        ids, ranges = {x.id for x in force}, {(x.uid_from, x.uid_to) for x in force}
+        for r, score in rows:
+            if r["kind"] == "segment" and not segment_in_force(r, ids, ranges):
+                continue
+            item = (r["kind"], int(r["uid"]))
+            if score > best.get(item, float("-inf")):
+                best[item] = score
+                info.setdefault(item, r)
+        if not best:
+            return []
+        floor = min(best.values()) if floor is None else floor
+        events = S.smooth({u: sc for (kd, u), sc in best.items() if kd == "event"}, floor=floor)
+        merged = [(("event", u), sc) for u, sc in events if self._admits(u, roles, uid_from, uid_to)]
+        merged += [((kd, u), sc - floor) for (kd, u), sc in best.items() if kd == "segment"]
+        merged.sort(key=lambda x: (-x[1], x[0][1]))
+        return [item for item, _ in merged[:CANDIDATES]]
+
+    def _scan(self, query: str, upto: int, roles: list[str], uid_from: int | None, uid_to: int | None,
+              limit: int = SCAN_EVENTS) -> list[tuple[str, int]]:
+        """Full text over the events the index has not reached yet (after `upto`), read from the log in
+        memory: whole words (and CJK character pairs) of the query found in each event, the most
+        found first, newer first among equals. Cheap, so a search right after a burst of chats, or in
+        a fork whose index is still being written, finds what the log holds (the newest `limit`)."""
+        latin = [w.lower() for w in S.fts_query(S.latin_text(query)).split()]
+        cjk = S.cjk_text(query).replace(" ", "")
+        terms = [re.compile(rf"(?<!\w){re.escape(w)}(?!\w)") for w in dict.fromkeys(latin)]
+        pairs = list(dict.fromkeys(cjk[i:i + 2] for i in range(max(len(cjk) - 1, 1)) if cjk))
+        scored: list[tuple[int, int]] = []
+        for e in [e for e in self.host.events() if e.uid > upto][-limit:]:
+            if not self._admits(e.uid, roles, uid_from, uid_to):
+                continue
+            text = event_text(e).lower()
+            found = sum(1 for t in terms if t.search(text)) + sum(1 for p in pairs if p in text)
+            if found:
+                scored.append((found, e.uid))
+        scored.sort(key=lambda x: (-x[0], -x[1]))
+        return [("event", uid) for _, uid in scored[:CANDIDATES]]
+
+    def _admits(self, uid: int, roles: list[str], uid_from: int | None, uid_to: int | None) -> bool:
+        """A neighbour brought in by smoothing obeys the same filters as the search."""
+        e = self._event(uid)
+        return (e is not None and (not roles or e.role in roles) and (uid_from is None or uid >= uid_from)
+                and (uid_to is None or uid <= uid_to))
+
+    def _fts(self, query: str, where: str) -> list[tuple[dict[str, Any], float]]:
+        """Full-text rows: the word column for Latin words, the n-gram column for CJK runs (a mixed
+        query adds both scores)."""
+        out: list[tuple[dict[str, Any], float]] = []
+        latin, cjk = S.fts_query(S.latin_text(query)), S.cjk_text(query)
+        for text, is_cjk in ((latin, False), (cjk, True)):
+            if text:
+                out += [(r, float(r["_score"])) for r in self.host.store.search_text(where, text, is_cjk, CANDIDATES)]
+        return out
+
+    def _vector(self, embedder: Any, query: str, where: str) -> list[tuple[dict[str, Any], float]] | None:
+        try:
+            vector = self.query_vector(embedder, query)
+        except Exception as exc:
+            self.index.note(f"the embedder failed on the query ({type(exc).__name__}); full-text results only")
+            return None
+        found = self.host.store.search_vectors(embedder.model_id, where, vector.tolist(), CANDIDATES)
+        return [(r, 1.0 - float(r["_distance"])) for r in found]
+
+    def query_vector(self, embedder: Any, query: str) -> np.ndarray:
+        """The query's vector (e5 queries take their own prefix); the last few hundred are kept."""
+        key = (embedder.model_id, query)
+        if key not in self._queries:
+            self.embed_queries(embedder, [query])
+        return self._queries[key]
+
+    def embed_queries(self, embedder: Any, queries: Sequence[str], keep: int = 512) -> None:
+        """Embed queries in one call and keep them (a benchmark asks many at once)."""
+        inner = getattr(embedder, "inner", embedder)
+        embed_query = getattr(inner, "embed_query", None) or getattr(inner, "embed", None) or embedder
+        if len(self._queries) + len(queries) > keep:
+            self._queries.clear()
+        for q, v in zip(queries, np.asarray(embed_query(list(queries)), dtype=np.float32)):
+            self._queries[(embedder.model_id, q)] = v
+        latent = S.latent_of(embedder)
+        if latent is not None and not self.index.latent_failed:  # and their latent terms (a failure: none kept)
+            try:
+                found = latent(list(queries))
+            except Exception:
+                return
+            if len(self._latent_queries) + len(queries) > keep:
+                self._latent_queries.clear()
+            for q, terms in zip(queries, found):
+                self._latent_queries[(embedder.model_id, q)] = terms
+
+    def _around(self, uid: int, n: int) -> tuple[dict[str, Any], ...]:
+        if n <= 0:
+            return ()
+        events = self.host.events()
+        lo, hi = uid - n, uid + n
+        return tuple({"uid": e.uid, "role": e.role, "turn": e.turn, "content": e.content}
+                     for e in events if lo <= e.uid <= hi)
+
+
+def _parse_stamp(stamp: str) -> datetime | None:
+    """An event's `created_at` (ISO, UTC) as a naive datetime; None when it is missing or odd."""
+    try:
+        return datetime.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")
+    except (TypeError, ValueError):
+        return None
+
+
+def _item(key: str) -> tuple[str, int]:
+    kind, _, uid = key.partition(":")
+    return kind, int(uid)
