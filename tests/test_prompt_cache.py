@@ -111,6 +111,17 @@ def test_cache_reads_and_writes_reach_the_status_line_and_the_call_history(claud
     s.close()  # writes the waiting call rows
     again = Session("claude", store=str(tmp_path / "s"), model=CLAUDE, window_tokens=200_000)
     assert again.history[-1]["cache_read"] == last["cache_read"]  # kept with the call rows
+    # the payload chart of %mfs ledger: the provider's own figures in its summary and each column
+    from mfs_nb.ui.data import ledger_data
+    from mfs_nb.ui.html import ledger_html
+
+    history = again.history * 3  # the chart is drawn from 10 calls on
+    page = ledger_html(ledger_data(again.ledger(), history, again.usage().effective))
+    read = sum(r["cache_read"] for r in history) / sum(r["prompt_tokens"] for r in history)
+    assert f"provider cache: {read:.1%} of input read" in page and "read from the provider's cache" in page
+    assert f"{last['cache_read'] / last['prompt_tokens']:.0%} read from the provider's cache" in page
+    plain = ledger_html(ledger_data([], [{"call": i, "tokens": 100} for i in range(12)], 1000))
+    assert "provider cache" not in plain and "linear-gradient" not in plain  # nothing reported, nothing claimed
 
 
 def test_a_setting_turns_the_marks_off(claude, tmp_path):

@@ -85,7 +85,24 @@ def ledger_summary(d: dict[str, Any]) -> str:
     last = series[-1].get("tokens", 0) if series else 0
     acted = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no actions yet"
     return (f"{len(series)} call{'s' if len(series) != 1 else ''} · payload at the last call {human(last)}, peak {human(peak)} of "
-            f"{human(d.get('effective') or 0)} usable · {acted}")
+            f"{human(d.get('effective') or 0)} usable{cache_summary(series)} · {acted}")
+
+
+def cache_summary(series: list[dict[str, Any]]) -> str:
+    """The provider's own cache figures over the calls that reported them, or nothing."""
+    reported = [p for p in series if p.get("prompt_tokens")]
+    prompt = sum(int(p["prompt_tokens"]) for p in reported)
+    if not prompt:
+        return ""
+    read = sum(int(p.get("cache_read") or 0) for p in reported)
+    written = sum(int(p.get("cache_write") or 0) for p in reported)
+    return (f" · provider cache: {read / prompt:.1%} of input read" + (f", {written / prompt:.1%} written" if written else "")
+            + (f" ({len(reported)} of {len(series)} calls reported)" if len(reported) < len(series) else ""))
+
+
+def _read_share(p: dict[str, Any]) -> float:
+    prompt = int(p.get("prompt_tokens") or 0)
+    return min(1.0, int(p.get("cache_read") or 0) / prompt) if prompt else 0.0
 
 
 def ledger_chart(d: dict[str, Any]) -> str:
@@ -98,11 +115,16 @@ def ledger_chart(d: dict[str, Any]) -> str:
     cols = []
     for i in range(0, len(series), step):
         bucket = series[i:i + step]
-        tokens = max(p.get("tokens", 0) for p in bucket)
+        peak = max(bucket, key=lambda p: p.get("tokens", 0))
+        tokens = peak.get("tokens", 0)
         acted = any(p.get("call") in marks for p in bucket)
-        cols.append(f"<span title='call {bucket[0].get('call')}: {tokens:,} tokens' style='display:inline-block;"
+        colour = "#7e57c2" if acted else "#64b5f6"
+        read = _read_share(peak)  # the part the provider read from its cache, darker at the bottom
+        fill = f"linear-gradient(to top,#1e4f8a {100 * read:.1f}%,{colour} {100 * read:.1f}%)" if read else colour
+        said = f", {read:.0%} read from the provider's cache" if peak.get("prompt_tokens") else ""
+        cols.append(f"<span title='call {bucket[0].get('call')}: {tokens:,} tokens{said}' style='display:inline-block;"
                     f"vertical-align:bottom;width:{100 / max(1, -(-len(series) // step)):.3f}%;"
-                    f"height:{100 * tokens / top:.1f}%;background:{'#7e57c2' if acted else '#64b5f6'}'></span>")
+                    f"height:{100 * tokens / top:.1f}%;background:{fill}'></span>")
     return ("<div style='height:90px;width:100%;border-top:1px dashed #c62828;border-bottom:1px solid #ccc;"
             f"white-space:nowrap;margin:6px 0;line-height:0'>{''.join(cols)}</div>")
 
@@ -114,8 +136,10 @@ def ledger_html(d: dict[str, Any]) -> str:
     summary = f"<div>{_e(ledger_summary(d))}</div>"
     chart = ""
     if len(d["series"]) >= CHART_MIN_CALLS:
+        cached = any(p.get("cache_read") for p in d["series"])
         chart = ("<div style='color:#777'>payload tokens per call; purple: the memory layer acted; "
-                 "dashed: the usable window</div>" + ledger_chart(d))
+                 + ("dark blue at the bottom: read from the provider's cache; " if cached else "")
+                 + "dashed: the usable window</div>" + ledger_chart(d))
     if not rows:
         return f"<div class='mfs-ledger' style='{PANEL}'>{summary}{chart}<div>ledger is empty: the memory layer " \
                "has not acted yet</div></div>"
