@@ -274,8 +274,3 @@ def uncovered(uids: Sequence[int], raw: set[int], spans: Sequence[tuple[int, int
     return out
 
 
-def evicted_note(ranges: Sequence[tuple[int, int]], language: str = "") -> str:
-    """One line naming the uid ranges whose segment maps left the payload (still recallable)."""
-    return lang.text("evicted", language, spans=", ".join(f"{a}–{b}" for a, b in ranges))
-
-

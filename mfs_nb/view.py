@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import lang
 from .clearing import Clearing, ClearingStats, apply
 from .events import Event, after
 from .tokens import message_tokens
@@ -205,7 +206,6 @@ def project(
     covered_to = 0
     if evicted:
         from .lang import header_language
-        from .segments import evicted_note
 
         # in the language of the summaries that remain (each stores its own), else of the evicted history
         language = (getattr(segments[0], "language", "") if segments
@@ -250,3 +250,8 @@ def project(
     structure = (f"{clearing.key}:kn:{forms[1] if knowledge else ''}:seg:{segments[-1].id if segments else 0}:ev:{len(evicted)}"
                  f":vt:{track.upto if track is not None else 0}:ft:{fact_track.upto if fact_track is not None else 0}")
     return SendView(messages, layers, uids, forms, structure, stats)
+
+
+def evicted_note(ranges: Sequence[tuple[int, int]], language: str = "") -> str:
+    """One line naming the uid ranges whose segment maps left the payload (still recallable)."""
+    return lang.text("evicted", language, spans=", ".join(f"{a}–{b}" for a, b in ranges))
