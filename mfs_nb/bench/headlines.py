@@ -3,8 +3,8 @@
 A headline is read from the suite's own tables (by caption, row and column), never from its
 metrics, so the same reading serves a fresh result and a section already on the page
 (`parse_section`): the summary at the top of `docs/benchmarks.md` is rebuilt from whatever the page
-holds, each row with the run it came from. Bars are the design's reference figures (DESIGN §10) and
-the issues' own bars; "—" where a suite has none.
+holds, each row with the run it came from. Bars are the reference figures the design was drawn from
+("seed" in the bar) and the issues' own bars; "—" where a suite has none.
 """
 
 from __future__ import annotations
@@ -80,6 +80,30 @@ def _production(tables: Tables) -> str:
     return f"{sum(r[cols.index(col)] == 'yes' for r in rows)} of {len(rows)} kinds"
 
 
+def _cost_read(tables: Tables) -> str:
+    """The lowest cache-read share of mfs_nb over the coding sessions at 128k, Anthropic's rules."""
+    cols, rows = _rows(tables, "Dollars per session", window="128k", strategy="mfs_nb", rules="Anthropic")
+    col = "input read from the cache"
+    shares = [(_percent(r[cols.index(col)]), r[0]) for r in rows if r[0].startswith("coding")] if col in cols else []
+    shares = [(v, name) for v, name in shares if v is not None]
+    if not shares:
+        return "—"
+    low = min(shares)
+    return f"{low[0]:.1f}% (lowest of {len(shares)} sessions)"
+
+
+def _cost_against(tables: Tables) -> str:
+    """mfs_nb's total dollars against compact-90's, the longest session at 32k, Anthropic's rules."""
+    out = []
+    for strategy in ("mfs_nb", "compact-90"):
+        cols, rows = _rows(tables, "Dollars per session", window="32k", strategy=strategy, rules="Anthropic")
+        rows = [r for r in rows if r[0].startswith("LoCoMo")]
+        if not rows or "total $" not in cols:
+            return "—"
+        out.append(rows[-1][cols.index("total $")])
+    return " vs ".join(out)
+
+
 HEADLINES: dict[str, list[Headline]] = {
     "tokens": [
         Headline("token estimate vs the provider's count, held-out English chat (mean error per message)",
@@ -145,6 +169,12 @@ HEADLINES: dict[str, list[Headline]] = {
                  cell("One session", "write/turn p95 ms", store="local")),
         Headline("events lost or duplicated by 4 writers at once on object storage", "0",
                  lambda t: "/".join(cell("Several writers", c, store="S3 (loopback)")(t) for c in ("lost", "duplicated"))),
+    ],
+    "cost": [
+        Headline("input tokens read from the prompt cache, mfs_nb over a coding session at 128k (Anthropic's rules)",
+                 "≥ 85 % (issue 42)", _cost_read),
+        Headline("dollars for LoCoMo ×6 as one session at 32k, mfs_nb vs compact-at-90 % (Anthropic's rules, "
+                 "summarizer included)", "—", _cost_against),
     ],
     "chats": [
         Headline("median chat, last 100 ÷ first 100", "≤ 1.3", cell("The bars", "this run", bar="≤ 1.3")),
