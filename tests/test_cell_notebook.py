@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +47,7 @@ def _notebook() -> nbformat.NotebookNode:
     return nb
 
 
+@pytest.mark.slow  # over 10 s (see pyproject: run with -m slow)
 def test_two_hundred_cells_failed_ones_stay_named_after_compaction(tmp_path, monkeypatch):
     monkeypatch.setenv("MFS_STORE", str(tmp_path / ".mfs"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))

@@ -150,6 +150,7 @@ def test_where_the_prices_are_known_the_payback_is_counted_in_money(store_dir, m
     assert s.coverage()["lost"] == 0
 
 
+@pytest.mark.slow  # over 10 s (see pyproject: run with -m slow)
 def test_a_restart_sees_the_same_block(store_dir):
     s = long_session(store_dir, "again", 90)
     assert any(x.level for x in s.compactor.segments)
@@ -195,6 +196,7 @@ def _spans_are_a_partition(c) -> str:
     return ""
 
 
+@pytest.mark.slow  # over 10 s (see pyproject: run with -m slow)
 @pytest.mark.parametrize("seed", [1, 3])
 def test_consolidation_racing_background_compaction_covers_every_uid_once(store_dir, seed, monkeypatch):
     """Two kernels on one session, a random schedule of turns (each may start a background
@@ -241,6 +243,7 @@ def test_consolidation_racing_background_compaction_covers_every_uid_once(store_
     assert any(x.level for x in kernels[0].compactor.segments) or kernels[0].compactor.evicted
 
 
+@pytest.mark.slow  # over 10 s (see pyproject: run with -m slow)
 def test_a_run_the_gates_turn_down_at_full_depth_sinks_before_anything_is_evicted(monkeypatch):
     """Depth exhausted and the L0s' merge turned down by a gate: the terminal chain's sink absorbs
     the coldest L0 into the deepest map before the oldest map is evicted (issue 15, item 5)."""

@@ -304,6 +304,7 @@ def test_a_bad_object_store_is_one_line_naming_it_without_secrets(case, s3_endpo
     assert list(tmp_path.iterdir()) == []  # nothing written locally by mistake
 
 
+@pytest.mark.slow  # over 10 s (see pyproject: run with -m slow)
 def test_the_store_going_away_mid_turn_says_what_was_kept(monkeypatch, tmp_path):
     """The object store stops while the model answers: the user's message was saved, the reply was
     not, and the error says so; with the store back, re-running the turn works and no event is half
