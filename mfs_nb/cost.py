@@ -58,15 +58,23 @@ class Spend:
 def price(model: str) -> dict[str, float] | None:
     """Per-token rates of `model` from litellm's local cost map (input, output, cache read, cache
     write; the last two fall back to the input rate), or None when the map does not know it."""
+    entry = _entry(model)
+    if entry is None:
+        return None
+    base = float(entry["input_cost_per_token"])
+    return {"input": base, "output": float(entry.get("output_cost_per_token") or 0.0),
+            "read": float(entry.get("cache_read_input_token_cost") or base),
+            "write": float(entry.get("cache_creation_input_token_cost") or base)}
+
+
+def _entry(model: str) -> dict[str, Any] | None:
+    """The cost map's entry for `model` with an input price, trying it without its provider prefixes."""
     table = litellm_module().model_cost
     name = model
     while name:
         entry = table.get(name)
         if entry and entry.get("input_cost_per_token") is not None:
-            base = float(entry["input_cost_per_token"])
-            return {"input": base, "output": float(entry.get("output_cost_per_token") or 0.0),
-                    "read": float(entry.get("cache_read_input_token_cost") or base),
-                    "write": float(entry.get("cache_creation_input_token_cost") or base)}
+            return entry
         _, _, name = name.partition("/")  # anthropic/claude-… → claude-…; bedrock/anthropic.… → anthropic.…
     return None
 
@@ -77,18 +85,12 @@ def miss_weight(model: str) -> float | None:
     have been read (the cached-read rate), a freed one is no longer read. (write − read) ÷ read:
     11.5 for Claude Sonnet, 1 for GPT-4o. None when the map has no cached-read rate for the model
     (a payback is then counted in tokens)."""
-    table = litellm_module().model_cost
-    name = model
-    while name:
-        entry = table.get(name)
-        if entry and entry.get("input_cost_per_token") is not None:
-            read = entry.get("cache_read_input_token_cost")
-            if not read:
-                return None
-            write = float(entry.get("cache_creation_input_token_cost") or entry["input_cost_per_token"])
-            return max(write - float(read), 0.0) / float(read)
-        _, _, name = name.partition("/")
-    return None
+    entry = _entry(model)
+    if entry is None or not entry.get("cache_read_input_token_cost"):
+        return None
+    rates = price(model)
+    assert rates is not None
+    return max(rates["write"] - rates["read"], 0.0) / rates["read"]
 
 
 def session_cost(calls: list[dict[str, Any]], summaries: list[dict[str, Any]], model: str) -> dict[str, Any]:

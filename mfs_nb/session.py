@@ -967,8 +967,9 @@ class Session:
         except StoreError as exc:  # the turn itself is saved; the state row is written again next turn
             notices.append(f"the session's state row was not saved ({exc}); this turn's events are, and "
                            "the state is written again with the next turn")
-        after = self.usage()
-        ahead = self.compaction_ahead(after)
+        now = self.send_view()
+        after = self.usage(now)
+        ahead = self.compaction_ahead(after, now)
         if ahead:
             notices.append(ahead)
         # the status line shows the context now and, when it differs, the share the last request was
@@ -1013,7 +1014,7 @@ class Session:
         return [*view.messages[:-1], {**last, "content": (last["content"] + "\n\n" + note) if last["content"]
                                       else note}]
 
-    def compaction_ahead(self, usage: Usage) -> str | None:
+    def compaction_ahead(self, usage: Usage, view: SendView | None = None) -> str | None:
         """A warning ahead of an automatic compaction: when the next call would pass the compaction line
         if the context grew as much as in this call, the uids it would compact (the background
         result's, when one is ready or under way, else the range the compactor would choose now).
@@ -1033,13 +1034,13 @@ class Session:
         if not events:
             return None
         return lang.text("ahead", self.language(), share=usage.percent,
-                         line=f"{self.profile().compress:.0%}", a=events[0].uid, b=events[-1].uid) + self._miss_cost()
+                         line=f"{self.profile().compress:.0%}", a=events[0].uid, b=events[-1].uid) + self._miss_cost(view)
 
-    def _miss_cost(self) -> str:
+    def _miss_cost(self, view: SendView | None = None) -> str:
         """What the coming compaction's cache miss costs: the payload after the summaries (the fact and
         verbatim tracks, the raw tail) is sent again past the cache — in tokens, and in dollars at the
         chat model's cache-write and cache-read rates where they are known."""
-        miss = sum(x.tokens for x in self.send_view().layers if x.kind in ("facts", "verbatim", "raw"))
+        miss = sum(x.tokens for x in (view or self.send_view()).layers if x.kind in ("facts", "verbatim", "raw"))
         weight = self.miss_weight()
         if weight is None or miss <= 0:
             return lang.text("ahead_miss", self.language(), tokens=f"{miss:,}")
