@@ -15,17 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from .errors import StoreError
-from .events import Event, content_hash
-from .store import (
-    _store_problem,
-    now_iso,
-    read_only_error,
-    resolve_uri,
-    rewrite_events,
-    salvage_rows,
-    shown_uri,
-    table_report,
-)
+from .events import Event, content_hash, now_iso
+from .store import read_only_error, resolve_uri, shown_uri
+from .store.connection import _store_problem
+from .store.salvage import rewrite_events, salvage_rows, table_report
 
 TOMBSTONE = "[uid {uid} could not be recovered from a damaged store (mfs-nb doctor, {when})]"
 

@@ -28,7 +28,7 @@ from . import clearing, lang, snapshots
 from .clearing import Clearing
 from .compaction import Compactor
 from .errors import ConfigError, InputError, MfsError, PromptTooLong, StoreError
-from .events import Event, clean_text, replies_before
+from .events import Event, clean_text, now_iso, replies_before
 from .host import Host
 from .index import Indexer
 from .knowledge import FORGET_DESCRIPTION, FORGET_SCHEMA, REMEMBER_DESCRIPTION, REMEMBER_SCHEMA, KnowledgeSlot
@@ -53,7 +53,7 @@ from .search import Results
 from .segments import Segment
 from .settings import Settings, from_environment, warm_up_enabled
 from .snapshots import read_document
-from .store import Store, UidConflict, now_iso
+from .store import Store, UidConflict
 from .tokens import estimate_tokens, message_tokens
 from .tools import (
     RECALL_DESCRIPTION,

@@ -17,7 +17,9 @@ from mfs_nb import search as S
 from mfs_nb.clearing import Clearing, apply
 from mfs_nb.errors import InputError
 from mfs_nb.llm import Completion
-from mfs_nb.store import Store, _layout, recall_vectors_name
+from mfs_nb.store import Store
+from mfs_nb.store.salvage import _layout
+from mfs_nb.store.schemas import recall_vectors_name
 from mfs_nb.tools import call_tool
 from mfs_nb.track import CachedEmbedder
 
@@ -472,7 +474,7 @@ def test_a_long_catch_up_folds_the_index_as_it_goes_and_drops_old_versions(store
     """Each write of the index is a version; a fold rewrites the data, and until a version is removed
     it keeps the old copy on disk. A catch-up folds every OPTIMIZE_EVERY rows, in the middle of a
     backlog too, and keeps only the versions of the last seconds (here of the last millisecond)."""
-    from mfs_nb import store as st
+    from mfs_nb.store import core as st
 
     monkeypatch.setattr(st, "_FOLD_KEEP_S", 0.001)
     s = _backlog(store_dir, monkeypatch, 24, fold_every=6)
@@ -512,7 +514,7 @@ def test_text_rows_keep_the_chunk_not_what_the_embedder_read(store_dir):
     when needed, and not stored a second time. A store whose table still has the column is written too."""
     import pyarrow as pa
 
-    from mfs_nb.store import RECALL_TEXT, RECALL_TEXT_SCHEMA
+    from mfs_nb.store.schemas import RECALL_TEXT, RECALL_TEXT_SCHEMA
 
     old = Store(store_dir)
     old._db.create_table(RECALL_TEXT, schema=RECALL_TEXT_SCHEMA.append(pa.field("words", pa.large_string())))

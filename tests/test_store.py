@@ -24,10 +24,13 @@ def test_retried_write_is_a_no_op(store_uri):
 
 
 def test_no_code_path_updates_or_deletes_events():
-    source = (Path(mfs_nb.__file__).parent / "store.py").read_text()
+    package = Path(mfs_nb.__file__).parent / "store"
+    source = "\n".join(p.read_text() for p in sorted(package.glob("*.py")))
     events_writes = re.findall(r"self\._events\.(\w+)\(", source)
-    assert set(events_writes) <= {"merge_insert", "add", "search", "count_rows", "to_arrow", "optimize"}
-    assert "when_matched_update_all" not in source.split("def append_events")[1].split("def load_events")[0]
+    assert events_writes and set(events_writes) <= {"merge_insert", "add", "search", "count_rows", "to_arrow",
+                                                    "optimize"}
+    log = (package / "eventlog.py").read_text()
+    assert "when_matched_update_all" not in log.split("def append_events")[1].split("def load_events")[0]
 
 
 def test_a_plain_append_still_refuses_another_writers_uid_and_skips_a_retry(store_uri):
@@ -351,7 +354,8 @@ def test_the_store_going_away_mid_turn_says_what_was_kept(monkeypatch, tmp_path)
 
 
 def test_messages_never_show_a_password_or_a_secret(monkeypatch):
-    from mfs_nb.store import _store_problem, shown_uri
+    from mfs_nb.store import shown_uri
+    from mfs_nb.store.connection import _store_problem
 
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI-secret")
     uri = "s3://AKIAUSER:topsecretpw@bucket/prefix"
@@ -408,7 +412,7 @@ def test_vectors_are_stored_as_float16_and_an_older_float32_table_keeps_working(
     import numpy as np
     import pyarrow as pa
 
-    from mfs_nb import store as st
+    from mfs_nb.store import schemas as st
 
     s = Store(store_uri)
     fields = {"session": "s", "kind": "event", "uid_to": 0, "turn": 1, "role": "user", "chunk": 0}

@@ -39,11 +39,11 @@ import numpy as np
 
 from .. import search as S
 from ..embed import LATENT_TERMS
-from ..events import Event
+from ..events import Event, now_iso
 from ..index import INDEX_FIELDS, latent_row, rows_for_events
 from ..llm import Completion
 from ..session import Session
-from ..store import ANN_MIN_ROWS, Store, now_iso
+from ..store import ANN_MIN_ROWS, Store
 from .data import Data
 
 NAME = "recall"

@@ -153,8 +153,8 @@ def measure(name: str, conv_messages: list[dict[str, Any]], window: int, conv: d
 def import_events(store_dir: str, name: str, messages: list[dict[str, Any]]) -> None:
     """Write a transcript into a store in a few batches, exactly as `Session.record` would have
     (uids, turns, turn starts, tool pairing), without paying one write per event."""
-    from ..events import Event
-    from ..store import Store, now_iso
+    from ..events import Event, now_iso
+    from ..store import Store
 
     store = Store(store_dir)
     events: list[Event] = []

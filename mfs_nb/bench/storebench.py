@@ -30,9 +30,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..events import Event
+from ..events import Event, now_iso
 from ..session import Session
-from ..store import Store, _layout, now_iso
+from ..store import Store
+from ..store.salvage import _layout
 from .data import Data
 from .recall import _pct
 

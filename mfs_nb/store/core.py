@@ -1,0 +1,209 @@
+"""The tables every part of the store shares: opening them, writing under one lock, folding versions."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ..errors import StoreError
+from .connection import (
+    _REMOTE_KEEP_S,
+    _lance_session,
+    _scrub,
+    _store_problem,
+    _table_names,
+    _unwritable,
+    lancedb_module,
+    resolve_uri,
+    shown_uri,
+)
+from .files import TableFiles
+from .salvage import _layout
+from .schemas import (
+    _FIRST_COMMIT,
+    COMPACTIONS_SCHEMA,
+    EVENTS_SCHEMA,
+    FILES_SCHEMA,
+    LEASES_SCHEMA,
+    LEDGER_SCHEMA,
+    SESSIONS_SCHEMA,
+    VERBATIM_SCHEMA,
+    _create,
+    _ensure_event_indexes,
+)
+
+# A table accumulates one fragment per write; compacting now and then keeps reads fast.
+_OPTIMIZE_EVERY = 200
+# The tables a compaction reads several times (the lease, the protocol rows, the state row) are folded
+# more often: a scan, and a keyed write, cost about 0.15 ms per fragment (20 ms at 100 fragments, 5 ms
+# at 10), and these tables stay small, so a fold of them is cheap (about 1 ms a write at 25).
+_FOLD_OFTEN = {"leases": 25, "compactions": 25, "sessions": 25}
+# versions the in-turn fold keeps: every reader here reads the latest version (read_consistency_interval
+# 0), so an older one is needed only by a read under way in another kernel, for a second or so. Kept
+# longer, a session chatting fast (a replay, a benchmark) piles up thousands and every write slows
+_FOLD_KEEP_S = 15.0
+
+
+class StoreCore:
+    """One LanceDB database holding any number of sessions."""
+
+    def __init__(self, uri: str | os.PathLike[str] | None = None):
+        self.uri = resolve_uri(uri)
+        try:
+            lancedb = lancedb_module()
+
+            # Every read sees the latest version, so another kernel's writes are never missed.
+            self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0), session=_lance_session())
+            self._check_core_tables()
+            self._events = self._table("events", EVENTS_SCHEMA, stable_ids=True)
+            self._first_commit = (self._events.schema.metadata or {}).items() >= _FIRST_COMMIT.items()
+            _ensure_event_indexes(self._events)
+            self._sessions = self._table("sessions", SESSIONS_SCHEMA)
+            self._ledger = self._table("ledger", LEDGER_SCHEMA)
+            self._compactions = self._table("compactions", COMPACTIONS_SCHEMA)
+            self._verbatim = self._table("verbatim", VERBATIM_SCHEMA)
+            self._leases = self._table("leases", LEASES_SCHEMA)
+            if not self.is_local:  # created now, not by the first snapshot's write (a race there is costlier)
+                self._table("files", FILES_SCHEMA)
+        except StoreError:
+            raise
+        except Exception as exc:  # lancedb raises many types; the user needs one line
+            raise StoreError(_store_problem(self.uri, "", exc)) from exc
+        self._lock = threading.Lock()
+        self._writes: dict[str, int] = {}  # per table, writes by this Store (see `_fold`)
+        self._events_version: int | None = None  # the events table's version after our last append
+        self._wrote_upto: dict[str, int] = {}  # per session, the highest uid this Store appended
+        self._created: dict[str, str] = {}  # per session, when its state row was first written
+
+    @property
+    def shown(self) -> str:
+        """The URI as messages, exports and status show it: never a password it may carry."""
+        return shown_uri(self.uri)
+
+    @property
+    def files(self) -> Any:
+        """Where snapshots go: a folder beside a local store's tables; on object storage a table of the
+        store itself (one place for everything, nothing left on the machine that wrote it)."""
+        from ..snapshots import Folder
+
+        if not self.is_local:
+            return TableFiles(self)
+        uri = self.uri
+
+        class LocalFiles(Folder):
+            """A folder whose writes on a read-only store say so in one line (`StoreError`)."""
+
+            def touch(self, rel: str) -> None:
+                with _unwritable(uri, "attachments folder"):
+                    super().touch(rel)
+
+            def put(self, rel: str, data: bytes) -> None:
+                with _unwritable(uri, "attachments folder"):
+                    super().put(rel, data)
+
+            def remove(self, rel: str) -> None:
+                with _unwritable(uri, "attachments folder"):
+                    super().remove(rel)
+
+        return LocalFiles(uri)
+
+    @property
+    def is_local(self) -> bool:
+        return "://" not in self.uri
+
+    def writable(self) -> bool:
+        """Whether this process may write the store's folder (a read-only mount, or a folder of another
+        user, says no); a store on object storage is taken as writable (a write says otherwise)."""
+        return not self.is_local or os.access(self.uri, os.W_OK)
+
+    def _check_core_tables(self) -> None:
+        """A store that has tables but lacks the events or sessions table is damaged: say so, naming
+        the table, instead of creating it empty (which would restart uids at 1)."""
+        names = _table_names(self._db)
+        if not names:
+            return
+        for core in ("events", "sessions"):
+            # a store is created events first: events with no rows and no sessions table is another
+            # kernel creating the store this very moment, not damage
+            if core not in names and (core != "sessions" or self._db.open_table("events").count_rows()):
+                raise StoreError(f"table {core} is missing from the store at {self.shown} (it has "
+                                 f"{', '.join(sorted(names))}); nothing was changed: run `mfs-nb doctor --store "
+                                 f"{self.shown}` to see what can be recovered")
+
+    def _table(self, name: str, schema: pa.Schema, stable_ids: bool = False) -> Any:
+        try:
+            return self._db.open_table(name)
+        except (FileNotFoundError, ValueError):
+            try:
+                return _create(self._db, name, schema, stable_ids=stable_ids)
+            except Exception as exc:  # another kernel created it between our two calls (a commit conflict on S3)
+                try:
+                    return self._db.open_table(name)
+                except Exception:  # it was not that: say why it could not be created (a read-only store)
+                    raise StoreError(_store_problem(self.uri, name, exc)) from exc
+
+    @contextmanager
+    def _writing(self, table: str) -> Iterator[None]:
+        """A failed write (read-only store, full disk, damaged table) is one line naming the table."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except Exception as exc:
+            raise StoreError(_store_problem(self.uri, table, exc)) from exc
+
+    def _fold(self, table: Any, name: str) -> None:
+        """Every _OPTIMIZE_EVERY writes of this Store to the table `name` (`_FOLD_OFTEN` for the small ones a
+        compaction reads), fold it (see `_after_write`); for every table written turn by turn: the log, the
+        state row, leases, compactions, ledger, verdicts, vectors."""
+        self._writes[name] = n = self._writes.get(name, 0) + 1
+        if n % _FOLD_OFTEN.get(name, _OPTIMIZE_EVERY) == 0:
+            try:
+                table.optimize(cleanup_older_than=self._keep())
+            except Exception:  # compaction is an optimisation; a failure loses nothing
+                pass
+
+    def _keep(self, keep_s: float | None = None) -> timedelta:
+        """How old a version must be for a fold to remove it: `keep_s`, and on object storage at least
+        `_REMOTE_KEEP_S` (machines' clocks may differ)."""
+        keep_s = _FOLD_KEEP_S if keep_s is None else keep_s
+        return timedelta(seconds=keep_s if self.is_local else max(keep_s, _REMOTE_KEEP_S))
+
+    # -- table maintenance (`%mfs optimize`) --------------------------------------------------
+    def maintain(self, keep_s: float = 86_400.0, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+        """Compact every table's small fragments and remove versions older than `keep_s` seconds (a
+        reader or writer still on an older version, and `mfs-nb doctor`'s salvage, need them no longer
+        than that); on object storage, shared by machines whose clocks may differ, versions are kept
+        at least `_REMOTE_KEEP_S` (an hour) whatever `keep_s` says. Returns, per
+        table, versions, fragments and bytes before and after; a table that fails is reported, the
+        others go on. Nothing a session reads is changed: only how the tables are laid out. `stop()`
+        true between two tables ends it there (`stopped` in the report)."""
+        started = time.monotonic()
+        report: dict[str, Any] = {"tables": {}, "errors": {}, "stopped": False}
+        for name in sorted(_table_names(self._db)):
+            if stop is not None and stop():
+                report["stopped"] = True
+                break
+            try:
+                table = self._db.open_table(name)
+                before = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
+                with self._lock:
+                    table.optimize(cleanup_older_than=self._keep(keep_s))
+                after = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
+                report["tables"][name] = {"before": before, "after": after}
+            except Exception as exc:  # maintenance is an optimisation; a failure loses nothing
+                report["errors"][name] = _scrub(" ".join(str(exc).split()))[:200]
+        for key in ("versions", "fragments", "bytes"):
+            report[key] = [sum(t["before"][key] for t in report["tables"].values()),
+                           sum(t["after"][key] for t in report["tables"].values())]
+        report["seconds"] = round(time.monotonic() - started, 3)
+        return report
+
