@@ -117,7 +117,7 @@ def test_the_offline_summarizer_labels_follow_the_requested_language():
 
 
 def test_the_sink_guide_names_its_dropped_lines_in_chinese():
-    from mfs_nb.terminal import bounded
+    from mfs_nb.compaction.terminal import bounded
 
     prose = "\n".join(f"- 用户：第{i}周的番茄长到{10 + i}厘米" for i in range(40))
     first = bounded(prose, 60, lang.CHINESE).splitlines()[0]

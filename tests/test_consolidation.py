@@ -10,8 +10,9 @@ from collections import Counter
 import pytest
 from conftest import FakeLLM
 
-from mfs_nb import Session, terminal
-from mfs_nb import consolidation as con
+from mfs_nb import Session
+from mfs_nb.compaction import consolidation as con
+from mfs_nb.compaction import terminal
 from mfs_nb.segments import Segment
 
 
@@ -205,9 +206,9 @@ def test_consolidation_racing_background_compaction_covers_every_uid_once(store_
     uid is lost, and once both are idle they agree on the block. A kernel's pending background
     result holds the lease until that kernel's next turn, so a manual or hard-line compaction in
     the other waits for it: 1 s here instead of 10 (a skip is one of the outcomes under test)."""
-    from mfs_nb import compaction
+    from mfs_nb.compaction import limits
 
-    monkeypatch.setattr(compaction, "LOCK_WAIT_S", 1.0)
+    monkeypatch.setattr(limits, "LOCK_WAIT_S", 1.0)
     rng = random.Random(seed)  # the schedule; the fakes' sleeps have their own (threads draw from them)
     kernels = [Session("race", store=store_dir, window_tokens=4096, llm=SlowFake(random.Random(seed * 10 + k),
                                                                                 default="Noted."),

@@ -9,10 +9,10 @@ import pytest
 from conftest import FakeLLM, tool_call
 
 from mfs_nb import ConfigError, LLMError, Session
+from mfs_nb.compaction.lease import Lease, live_claims
+from mfs_nb.compaction.summary_check import validate_summary
 from mfs_nb.events import Event
-from mfs_nb.lease import Lease, live_claims
 from mfs_nb.store import Store
-from mfs_nb.summary_check import validate_summary
 
 
 def _events(texts: list[str]) -> list[Event]:
@@ -98,7 +98,7 @@ def test_breaker_lets_one_automatic_try_through_after_the_cool_down(store_dir, m
     s.compactor.breaker_open, s.compactor.opened_at = True, time.time()
     assert s.compactor.summarize(s.events or [s.record("user", "x")], 8000)[0] is None
     assert len(fake.summaries) == 0  # open and cooling down: the model is not asked
-    monkeypatch.setattr("mfs_nb.compaction.BREAKER_COOLDOWN_S", 0.0)
+    monkeypatch.setattr("mfs_nb.compaction.limits.BREAKER_COOLDOWN_S", 0.0)
     s.compactor.summarize(s.events, 8000)
     assert len(fake.summaries) == 1
 

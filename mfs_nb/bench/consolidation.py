@@ -15,7 +15,7 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from ..consolidation import labels
+from ..compaction.consolidation import labels
 from ..replay import normalise, replay
 from . import atoms
 from .data import Data, to_openai

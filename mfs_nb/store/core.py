@@ -82,6 +82,13 @@ class StoreCore:
         self._events_version: int | None = None  # the events table's version after our last append
         self._wrote_upto: dict[str, int] = {}  # per session, the highest uid this Store appended
         self._created: dict[str, str] = {}  # per session, when its state row was first written
+        # tables opened on first use (they may not exist: a store never indexed, a session never charted)
+        self._calls_table: Any = None
+        self._recall_text_table: Any = None
+        self._recall_state_table: Any = None
+        self._recall_vector_tables: dict[str, Any] = {}
+        self._recall_latent_tables: dict[str, Any] = {}
+        self._ann: dict[str, bool] = {}  # per model, whether its vectors have an ANN index
 
     @property
     def shown(self) -> str:

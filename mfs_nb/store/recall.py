@@ -37,7 +37,7 @@ class RecallTables(StoreCore):
     def _recall_text(self, create: bool = True) -> Any:
         """The text table of the recall index; without `create`, None when it does not exist (a search
         of a store that was never indexed, which may be read-only, finds nothing instead of failing)."""
-        if getattr(self, "_recall_text_table", None) is None:
+        if self._recall_text_table is None:
             with self._lock:
                 if create:
                     table = self._table(RECALL_TEXT, RECALL_TEXT_SCHEMA)
@@ -57,7 +57,7 @@ class RecallTables(StoreCore):
     def _recall_vectors(self, model_id: str, dim: int | None = None) -> Any:
         """The vector table of one embedding model (None when it does not exist and `dim` is None)."""
         name = recall_vectors_name(model_id)
-        tables: dict[str, Any] = self.__dict__.setdefault("_recall_vector_tables", {})
+        tables = self._recall_vector_tables
         if name in tables:
             return tables[name]
         try:
@@ -99,7 +99,7 @@ class RecallTables(StoreCore):
     def _recall_latent(self, model_id: str, create: bool = False) -> Any:
         """The latent-terms table of one embedding model (None when it does not exist and not `create`)."""
         name = recall_latent_name(model_id)
-        tables: dict[str, Any] = self.__dict__.setdefault("_recall_latent_tables", {})
+        tables = self._recall_latent_tables
         if name not in tables:
             try:
                 tables[name] = self._db.open_table(name)
@@ -154,7 +154,7 @@ class RecallTables(StoreCore):
     def _recall_state(self, create: bool = True) -> Any:
         """The watermarks' table, opened once (every search reads it); without `create`, None when it
         does not exist (nothing indexed yet: a read-only store is read, not changed)."""
-        if getattr(self, "_recall_state_table", None) is None:
+        if self._recall_state_table is None:
             with self._lock:
                 if create:
                     self._recall_state_table = self._table(RECALL_STATE, RECALL_STATE_SCHEMA)
@@ -201,7 +201,7 @@ class RecallTables(StoreCore):
             return []
         q = (table.search(vector, vector_column_name="vector").distance_type("cosine").where(where, prefilter=True)
              .select(["key", "kind", "uid", "uid_to", "turn", "role", "chunk", "_distance"]).limit(limit))
-        if getattr(self, "_ann", {}).get(model_id):
+        if self._ann.get(model_id):
             q = q.nprobes(nprobes)
         return q.to_list()
 
@@ -265,7 +265,7 @@ class RecallTables(StoreCore):
                 has_ann = done["ann_built"] = True
             else:
                 table.optimize(cleanup_older_than=keep)
-            self.__dict__.setdefault("_ann", {})[model_id] = has_ann
+            self._ann[model_id] = has_ann
         latent = self._recall_latent(model_id) if model_id else None
         if latent is not None:
             latent.optimize(cleanup_older_than=keep)
@@ -315,6 +315,6 @@ class RecallTables(StoreCore):
     def has_ann(self, model_id: str) -> bool:
         table = self._recall_vectors(model_id)
         found = table is not None and any(i.index_type.startswith("IVF") for i in table.list_indices())
-        self.__dict__.setdefault("_ann", {})[model_id] = found
+        self._ann[model_id] = found
         return found
 

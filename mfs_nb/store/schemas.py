@@ -60,7 +60,7 @@ COMPACTIONS_SCHEMA = pa.schema(
     ]
 )
 
-# The compaction lease (lease.py): claim / renew / release rows, appended only.
+# The compaction lease (compaction/lease.py): claim / renew / release rows, appended only.
 LEASES_SCHEMA = pa.schema(
     [
         ("key", pa.string()),

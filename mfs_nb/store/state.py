@@ -101,7 +101,7 @@ class StateTables(StoreCore):
         rows.sort(key=lambda r: (r["seq"], order.get(r["phase"], 9)))
         return [{"seq": r["seq"], "phase": r["phase"], "time": r["time"], **json.loads(r["data"])} for r in rows]
 
-    # -- the compaction lease (lease.py) ----------------------------------------------------
+    # -- the compaction lease (compaction/lease.py) ----------------------------------------------------
     def append_lease(self, session: str, claim: str, kind: str, owner: str, expires: float, n: int = 0) -> None:
         row = {"key": f"{session}\x1f{claim}\x1f{kind}\x1f{n}", "session": session, "claim": claim, "kind": kind,
                "owner": owner, "expires": float(expires), "time": now_iso()}
@@ -156,7 +156,7 @@ class StateTables(StoreCore):
     # -- the per-call history (the ledger chart): small rows appended in batches ---------------
     def _calls(self, create: bool) -> Any:
         """The calls table (None when it does not exist and `create` is false); a writer holds `_lock`."""
-        if getattr(self, "_calls_table", None) is None:
+        if self._calls_table is None:
             if not create and "calls" not in _table_names(self._db):
                 return None
             self._calls_table = self._table("calls", CALLS_SCHEMA)

@@ -11,7 +11,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from ..consolidation import labels
+from ..compaction.consolidation import labels
 from ..events import Event
 from ..usage import SOURCE_LABELS, Usage, human, tier_label
 

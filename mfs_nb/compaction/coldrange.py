@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from . import segments as seg
-from .events import Event
+from .. import segments as seg
+from ..events import Event
 
 KEEP_TAIL = 0.25  # share of the usable window kept raw as the recent tail
 TARGET_AFTER = 0.55  # a compaction event goes on until pressure is under this share

@@ -13,8 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .events import Event
-from .tokens import estimate_tokens
+from ..events import Event
+from ..tokens import estimate_tokens
 
 CAP_FACTOR = 2  # a summary may take up to twice its target before the excess is cut
 MIN_CHARS = 20

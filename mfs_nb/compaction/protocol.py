@@ -1,4 +1,4 @@
-"""The rows of the compaction protocol, written in one place (see `compaction.py`):
+"""The rows of the compaction protocol, written in one place (see the `compaction` package):
 
     started (under the lease) → summary_completed → declared (the only row the projection
     honours) → finished      — or aborted, with the reason.
@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .host import Host
+    from ..host import Host
+    from ..segments import Segment
     from .lease import Lease
-    from .segments import Segment
 
 
 class ProtocolRows:

@@ -1,10 +1,10 @@
-"""The circuit breaker over summarizer failures (the compactor's; see `compaction.py`).
+"""The circuit breaker over summarizer failures (the compactor's; see the `compaction` package).
 
 After `threshold` failures in a row automatic LLM compaction stops and history is kept with
 zero-LLM segments. After a cool-down, or on the user's %compact, the model gets one try
 (half-open); a usable summary closes the breaker. The state is saved with the session through
 `Host.save_breaker` and restored from `Host.load_breaker`. The cool-down is passed in by the
-caller (`compaction.BREAKER_COOLDOWN_S`), read when it is used.
+caller (`compaction.limits.BREAKER_COOLDOWN_S`), read when it is used.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .host import Host
+    from ..host import Host
 
 
 class Breaker:

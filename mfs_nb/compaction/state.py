@@ -1,0 +1,265 @@
+"""The compactor's state: the segments in force as the store declares them, the lease as
+`exclusive()`, the commit check. The parts that make, settle and schedule segments build on it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import segments as seg
+from ..events import Event, after
+from ..segments import Segment
+from . import coldrange, limits
+from .breaker import Breaker
+from .lease import Lease, live_claims, owner_name
+from .protocol import ProtocolRows
+
+if TYPE_CHECKING:
+    from ..host import Host
+
+
+@dataclass
+class Pending:
+    """A background pre-compaction: the snapshot it works on and, when done, its segment."""
+
+    seq: int
+    events: list[Event]
+    claim: str | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+    segment: Segment | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class CompactorState:
+    """Segments of one session, as every kernel's declarations in the store say, and the lease."""
+
+    def __init__(self, host: Host):
+        self.host = host
+        self.segments: list[Segment] = []
+        self.evicted: list[tuple[int, int]] = []
+        self.calls = 0
+        self.last_compaction_call = -10**9
+        self.refill_skipped = False
+        self.pending: Pending | None = None
+        self.trial: Segment | None = None  # a preview's segment, in `segments` for one projection only
+        self._lock = threading.Lock()
+        self.recovered: list[str] = []
+        self.ignored: list[str] = []
+        self.upgrade_done = False
+        self.seq = 0
+        self.lease = Lease(host.store, host.name, owner_name(host.writer))
+        self.rows = ProtocolRows(host, self.lease)
+        self.breaker = Breaker(host, limits.BREAKER)  # restored from the session's saved state
+        self._load()
+        self.recovered += self.ignored  # reported once, when the session opens
+
+    # -- state from the store -------------------------------------------------------------
+    def _load(self, holding: bool = False) -> None:
+        """Segments and evicted ranges from the declarations in the store (any kernel's), in seq
+        order; unfinished compactions whose lease is dead are cleaned. `holding`: we hold the
+        lease, so every other unfinished compaction is dead."""
+        rows = self.host.store.load_compactions(self.host.name)
+        by_seq: dict[int, dict[str, dict[str, Any]]] = {}
+        for r in rows:
+            by_seq.setdefault(r["seq"], {})[r["phase"]] = r
+        self.seq = max([self.seq if holding else 0, *by_seq])
+        self.segments, self.evicted, self.ignored = [], [], []
+        # unfinished rows under a live lease are in progress (ours, when we hold it); the rest crashed
+        live = {self.lease.claim} if holding else set(live_claims(self.host.store.load_leases(self.host.name), time.time()))
+        mine = self.pending.seq if self.pending is not None else None
+        for number in sorted(by_seq):
+            phases = by_seq[number]
+            declared = phases.get("declared")
+            if declared:
+                self._honour(declared, number)
+            started = phases.get("started")
+            if started and not ({"finished", "aborted"} & phases.keys()) and number != mine \
+                    and started.get("lease") not in live:
+                self.rows.recover(number, bool(declared))
+                note = (f"recovered an interrupted compaction (#{number}): "
+                        + ("its declaration was complete and stays" if declared else "nothing half-done was kept"))
+                self.recovered.append(note)
+                self.host.log("recovered", seq=number, declared=bool(declared))
+
+    def refresh(self) -> None:
+        """Under the lease: what every kernel committed, and events other kernels appended."""
+        self.host.catch_up()
+        self._load(holding=True)
+
+    def _acquire(self, wait_s: float) -> str | None:
+        """Take the lease (or keep ours); the reason when another kernel holds it."""
+        if self.lease.held:
+            if self.lease.valid():
+                return None
+            self.lease.release()  # ours expired: start over with a fresh claim
+        if self.lease.acquire(wait_s):
+            self.refresh()
+            return None
+        owners = sorted({v["owner"] for v in self.lease.holders().values()})
+        return "another kernel is compacting this session" + (f" ({', '.join(owners)})" if owners else "")
+
+    def _release(self) -> None:
+        if self.pending is None and self.lease.held:
+            self.lease.release()
+
+    @contextmanager
+    def exclusive(self, wait_s: float = 0.0, *, idle: bool = False) -> Iterator[str | None]:
+        """The compaction lease for the block: yields None when it is held (and releases it after,
+        unless a background task still needs it), else why it is busy (nothing is taken then).
+        `idle`: busy too while this kernel is compacting (a background task under way, the lease held)."""
+        if idle and (self.pending is not None or self.lease.held):
+            yield "a background compaction of this session is under way"
+            return
+        busy = self._acquire(wait_s)
+        try:
+            yield busy
+        finally:
+            if busy is None:
+                self._release()
+
+    @contextmanager
+    def trying(self, segment: Segment) -> Iterator[None]:
+        """`segment` in force for what the block projects (a preview), and left out of `in_force()`,
+        what other threads read of the session (the indexer, search)."""
+        self.trial = segment
+        self.segments.append(segment)
+        try:
+            yield
+        finally:
+            self.segments.remove(segment)
+            self.trial = None
+
+    def in_force(self) -> list[Segment]:
+        """The committed segments in force: `segments` without a preview's trial segment."""
+        return [x for x in self.segments if x is not self.trial]
+
+    def _honour(self, row: dict[str, Any], number: int = 0) -> None:
+        if row.get("type") == "retract":
+            # undo: only the newest segment, while it is still an L0 in force (checked when declared)
+            if self.segments and self.segments[-1].id == row["segment_id"] and self.segments[-1].level == 0:
+                self.segments.pop()
+            else:
+                self.ignored.append(f"retraction #{number} names segment #{row['segment_id']}, which is not the "
+                                    "newest segment in force; not honoured")
+            return
+        if row.get("type") == "consolidate":
+            named = list(row["segment_ids"])
+            at = [i for i, x in enumerate(self.segments) if x.id in named]
+            if not _consecutive(self.segments, at, named):
+                self.ignored.append(f"consolidation #{number} names segments that are not in force; not honoured")
+                return
+            self.segments[at[0]:at[-1] + 1] = [Segment.from_json(row["segment"])]
+            return
+        if row.get("type") == "upgrade":
+            new = Segment.from_json(row["segment"])
+            self.segments = [new if x.uid_from == new.uid_from and x.uid_to == new.uid_to else x for x in self.segments]
+            return
+        if row.get("type") == "evict":
+            ids = set(row["segment_ids"])
+            gone = [x for x in self.segments if x.id in ids]
+            self.segments = [x for x in self.segments if x.id not in ids]
+            for x in gone:
+                if self.evicted and self.evicted[-1][1] + 1 >= x.uid_from:
+                    self.evicted[-1] = (self.evicted[-1][0], x.uid_to)
+                else:
+                    self.evicted.append((x.uid_from, x.uid_to))
+        else:
+            new = Segment.from_json(row["segment"])
+            events = self.host.events()
+            start = self.covered_to + 1 if self.covered_to else (events[0].uid if events else new.uid_from)
+            if new.uid_from != start:
+                # a stale writer's declaration: every reader skips it alike, so projections agree
+                self.ignored.append(f"declaration #{number} (uids {new.uid_from}–{new.uid_to}) does not follow "
+                                    f"the covered prefix (…{self.covered_to}); not honoured")
+                return
+            self.segments.append(new)
+
+    @property
+    def covered_to(self) -> int:
+        ends = [x.uid_to for x in self.segments] + [b for _, b in self.evicted]
+        return max(ends, default=0)
+
+    def raw(self) -> list[Event]:
+        return list(after(self.host.events(), self.covered_to))
+
+    # -- the range -----------------------------------------------------------------------
+    def choose(self, effective: int, emergency: bool = False, small_ok: bool = False) -> tuple[list[Event], str]:
+        """The cold range (`coldrange.choose`) of what no segment covers yet."""
+        return coldrange.choose(self.raw(), effective, emergency, small_ok)
+
+    def target(self, events: Sequence[Event], effective: int) -> int:
+        return coldrange.target(events, effective)
+
+    # -- one compaction event ----------------------------------------------------------------
+    def next_seq(self) -> int:
+        """The next protocol number, allocated under the lease from what the store holds."""
+        with self._lock:
+            stored = max((r["seq"] for r in self.host.store.load_compactions(self.host.name)), default=0)
+            self.seq = max(self.seq, stored) + 1
+            return self.seq
+
+    # -- committing ------------------------------------------------------------------------
+    def commit(self, segment: Segment) -> str | None:
+        """Atomic commit, checked against the store right before declaring: we still hold the
+        lease, the covered uids start right after the covered prefix as committed by any kernel,
+        are contiguous, and their stored hashes are unchanged. Returns the rejection reason, or None."""
+        if not self.lease.valid():
+            return "the compaction lock expired or was taken over before the commit"
+        self.refresh()
+        covered = self.host.store.load_events(self.host.name, segment.uid_from, segment.uid_to)
+        if segment.uid_from != self.covered_to + 1 and not (self.covered_to == 0 and covered and self.host.events()
+                                                            and covered[0].uid == self.host.events()[0].uid):
+            return f"range {segment.uid_from}–{segment.uid_to} no longer follows the covered prefix"
+        if [e.uid for e in covered] != list(range(segment.uid_from, segment.uid_to + 1)):
+            return "covered uids are not contiguous"
+        if seg.covered_hash(covered) != segment.covered_hash:
+            return "covered events changed since the snapshot"
+        self.rows.declare(segment.id, {"segment": segment.to_json()})
+        self.segments.append(segment)
+        return None
+
+    def payload_with(self, segment: Segment) -> tuple[int, int]:
+        """(tokens now, tokens if `segment` were committed): the number the meter would show, both times."""
+        now = self.host.usage().tokens
+        self.segments.append(segment)
+        try:
+            return now, self.host.usage().tokens
+        finally:
+            self.segments.remove(segment)
+
+    # -- the breaker (breaker.py): what the session, %mfs status and tests read of it ------------
+    @property
+    def breaker_open(self) -> bool:
+        return self.breaker.open
+
+    @breaker_open.setter
+    def breaker_open(self, value: bool) -> None:
+        self.breaker.open = value
+
+    @property
+    def failures(self) -> int:
+        return self.breaker.failures
+
+    @property
+    def opened_at(self) -> float:
+        return self.breaker.opened_at
+
+    @opened_at.setter
+    def opened_at(self, value: float) -> None:
+        self.breaker.opened_at = value
+
+    def breaker_state(self) -> dict[str, Any]:
+        return self.breaker.state()
+
+    def breaker_line(self) -> str:
+        """For %mfs status: where the breaker stands and what to do."""
+        return self.breaker.line(limits.BREAKER_COOLDOWN_S)
+
+
+def _consecutive(segments: Sequence[Segment], at: list[int], ids: list[int]) -> bool:
+    """Whether the segments at indices `at` are exactly `ids`, in order and side by side."""
+    return bool(at) and [segments[i].id for i in at] == ids and at == list(range(at[0], at[0] + len(ids)))
