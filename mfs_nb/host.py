@@ -2,7 +2,7 @@
 
 The compactor, the user-verbatim track and the recall index each work for one session, but none
 of them gets the `Session`: they get a `Host`, the session's name and store, read access to its
-log, a ledger writer and the few measurements they need. So none of them imports `session.py`,
+log, a ledger writer and the few measurements they need. So none of them imports the `session` package,
 none reads its private state, and what each may touch is written here in one place. Only the
 front ends (magics and their warm-up, CLI, replay, demo, the benchmarks) import `Session`.
 """

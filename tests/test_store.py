@@ -156,7 +156,7 @@ def test_a_quiet_moment_folds_the_store_once_and_loses_nothing(store_dir, monkey
     table in the background (a `maintenance` ledger row, trigger quiet); once per quiet stretch."""
     import time
 
-    from mfs_nb import session as session_module
+    from mfs_nb.session import memory as session_module
 
     monkeypatch.setattr(session_module, "QUIET_KEEP_S", 0.5)
     s = Session("quiet", store=store_dir, llm=FakeLLM(prompt_tokens=300), quiet_maintenance_s=1)
