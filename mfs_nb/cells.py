@@ -220,7 +220,7 @@ class CellLog:
         code = getattr(info, "raw_cell", "") or ""
         if not opened or is_own(code):
             return
-        from .llm import redact  # a key set or printed in a cell never reaches the store or the model
+        from .redaction import redact  # a key set or printed in a cell never reaches the store or the model
 
         exc = getattr(result, "error_in_exec", None) or getattr(result, "error_before_exec", None)
         error = ""

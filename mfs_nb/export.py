@@ -5,7 +5,7 @@ with its uid, role and turn; each segment (compaction, consolidation) placed whe
 with the uids it covers; evictions where they happened; the ledger at the end. A chat then
 survives a lost kernel, a deleted store, or a colleague without mfs_nb.
 
-Known keys are removed (`llm.redact`) from every block before it is written (before JSON escaping,
+Known keys are removed (`redaction.redact`) from every block before it is written (before JSON escaping,
 which would hide a key from the match), as from every other output.
 The file is written next to its final name and renamed into place: never half a file.
 """
@@ -23,7 +23,7 @@ from typing import Any
 
 from .errors import InputError
 from .events import Event
-from .llm import redact
+from .redaction import redact
 
 FORMATS = (".md", ".ipynb")
 

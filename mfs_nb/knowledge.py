@@ -21,6 +21,7 @@ from typing import Any
 
 from . import lang
 from .errors import InputError
+from .redaction import redact
 from .tokens import estimate_tokens
 
 MAX_KEYS = 200  # entries in the slot, whatever their size
@@ -87,8 +88,6 @@ def check_value(key: str, value: Any, budget: int) -> str:
         raise InputError(f"the value of {key!r} is empty; to remove the key use %mfs unpin {key} (or forget)")
     if _CONTROL.search(text):
         raise InputError(f"the value of {key!r} contains control characters (binary data?); the slot keeps text only")
-    from .llm import redact
-
     if redact(text) != text:
         raise InputError(f"the value of {key!r} looks like an API key; keys are read from the environment and "
                          "never saved")

@@ -27,6 +27,7 @@ from typing import Any
 from . import prompt_cache
 from .errors import LLMError, PromptTooLong
 from .prompt_cache import CacheHints
+from .redaction import redact
 from .settings import OFFLINE_MODEL
 
 _litellm: Any = None
@@ -400,18 +401,6 @@ def parse_token_gap(message: str) -> int | None:
             used, limit = int(m.group(3).replace(",", "")), int(m.group(4).replace(",", ""))
         return max(used - limit, 0) or None
     return None
-
-
-def _secrets() -> list[str]:
-    return [v for k, v in os.environ.items() if re.search(r"KEY|TOKEN|SECRET|PASSWORD", k) and len(v) >= 8]
-
-
-def redact(text: str, extra: tuple[str, ...] = ()) -> str:
-    """Remove every key we know of from a text that may be shown or stored."""
-    for secret in (*_secrets(), *extra):
-        if secret:
-            text = text.replace(secret, "***")
-    return re.sub(r"\b(sk-[A-Za-z0-9_-]{6})[A-Za-z0-9_-]{6,}", r"\1***", text)
 
 
 def _one_line(exc: BaseException, endpoint: Endpoint) -> str:

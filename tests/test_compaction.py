@@ -308,31 +308,3 @@ def test_rapid_refill_skips_one_automatic_compaction(store_dir):
     assert s.ledger()[-1] == {**s.ledger()[-1], "kind": "skip", "reason": "rapid_refill"}
     second = c.on_tier("compress", synchronous_background=True)  # only one is skipped
     assert not any("skipping" in n for n in second)
-
-
-def test_only_the_front_ends_import_the_session():
-    """The compactor, the verbatim track, the recall index and the policies get a `Host`, never
-    the `Session`: no module but the front ends imports `session` (a parse of every import)."""
-    import ast
-    from pathlib import Path
-
-    import mfs_nb
-
-    root = Path(mfs_nb.__file__).parent
-    front = {"__init__.py", "cli.py", "replay.py", "demo.py"}
-    offenders = []
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root).as_posix()
-        if rel in front or rel.startswith(("bench/", "notebook/")):
-            continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            names = []
-            if isinstance(node, ast.ImportFrom):
-                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
-                if node.module in (None, "mfs_nb") and {a.name for a in node.names} & {"Session", "Reply"}:
-                    names.append("mfs_nb.session")  # the package re-exports Session lazily
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            if any(n.split(".")[-1] == "session" or n.endswith(".session") for n in names):
-                offenders.append(rel)
-    assert offenders == [], offenders

@@ -88,7 +88,7 @@ class StoreCore:
         self._recall_state_table: Any = None
         self._recall_vector_tables: dict[str, Any] = {}
         self._recall_latent_tables: dict[str, Any] = {}
-        self._ann: dict[str, bool] = {}  # per model, whether its vectors have an ANN index
+        self._ann: dict[str | None, bool] = {}  # per model, whether its vectors have an ANN index
 
     @property
     def shown(self) -> str:

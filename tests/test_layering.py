@@ -1,0 +1,184 @@
+"""The package's layering, read from the source's imports (every one, including those inside
+functions; those under `if TYPE_CHECKING:` only name types and are left out):
+
+- the pure modules touch no storage, network or notebook: they import none of the store, the model
+  client, the embedder, the notebook or the session, and no third-party library that does;
+- only the `store/` package imports LanceDB or pyarrow;
+- only the front ends (`notebook/`, `bench/`, `cli`, `replay`, `demo`, the package root's lazy export)
+  import the `session` package;
+- no two modules import each other, directly or through others.
+
+`docs/architecture.md` says the same in words and lists every module; a test here holds it to that."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import mfs_nb
+
+ROOT = Path(mfs_nb.__file__).parent
+DOCS = ROOT.parent / "docs" / "architecture.md"
+
+# the memory logic that the property tests exercise: text in, text out
+PURE = {"events", "view", "tokens", "usage", "tools", "clearing", "facts", "segments", "origin", "meter",
+        "search", "knowledge", "workset", "lang", "index_rows", "compaction.coldrange",
+        "compaction.consolidation", "compaction.terminal", "compaction.summary_check"}
+# what a pure module may not reach, inside the package or outside it
+IMPURE_PACKAGES = ("store", "session", "notebook", "ui", "bench", "llm", "offline", "embed", "index", "searcher",
+                   "track", "snapshots", "quiet", "cli", "doctor", "export", "replay", "demo", "cost",
+                   "prompt_cache", "host", "compaction.compactor", "compaction.lease", "compaction.protocol")
+IMPURE_LIBRARIES = ("lancedb", "pyarrow", "litellm", "IPython", "ipywidgets", "anywidget", "requests", "httpx",
+                    "urllib", "socket", "sentence_transformers", "torch", "boto3")
+FRONT_ENDS = ("notebook", "bench", "cli", "replay", "demo", "")  # "" is the package root's lazy export
+
+
+def module_name(rel: str) -> str:
+    """`store/core.py` → `store.core`; `store/__init__.py` → `store`; `__init__.py` → ``."""
+    parts = rel[:-3].split("/")
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def sources() -> dict[str, str]:
+    return {module_name(p.relative_to(ROOT).as_posix()): p.read_text(encoding="utf-8")
+            for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """Line numbers of imports under `if TYPE_CHECKING:`."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for inner in node.body:
+                for sub in ast.walk(inner):
+                    if isinstance(sub, (ast.Import, ast.ImportFrom)):
+                        lines.add(sub.lineno)
+    return lines
+
+
+def imports(name: str, text: str, modules: set[str]) -> tuple[set[str], set[str]]:
+    """(modules of this package, top-level outside libraries) that module `name` imports."""
+    tree = ast.parse(text)
+    skip = _type_checking_only(tree)
+    package = name.split(".") if name in modules and _is_package(name, text, modules) else name.split(".")[:-1]
+    inside: set[str] = set()
+    outside: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and node.lineno in skip:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "mfs_nb":
+                    inside.add(alias.name.removeprefix("mfs_nb").lstrip("."))
+                else:
+                    outside.add(alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1] if node.level > 1 else package
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif (node.module or "").split(".")[0] == "mfs_nb":
+                target = (node.module or "").removeprefix("mfs_nb").lstrip(".")
+            else:
+                outside.add((node.module or "").split(".")[0])
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}" if target else alias.name
+                inside.add(sub if sub in modules else target)
+    return {m for m in inside if m in modules and m != name}, outside
+
+
+def _is_package(name: str, text: str, modules: set[str]) -> bool:
+    return any(m.startswith(name + ".") for m in modules) or name == ""
+
+
+def graph(srcs: dict[str, str]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    modules = set(srcs)
+    inside, outside = {}, {}
+    for name, text in srcs.items():
+        inside[name], outside[name] = imports(name, text, modules)
+    return inside, outside
+
+
+def _under(module: str, roots: tuple[str, ...]) -> bool:
+    return any(module == r or module.startswith(r + ".") for r in roots if r) or ("" in roots and module == "")
+
+
+def violations(srcs: dict[str, str]) -> list[str]:
+    """Every broken rule, one line each (empty when the layering holds)."""
+    inside, outside = graph(srcs)
+    out = []
+    for name in sorted(PURE & set(srcs)):
+        for target in sorted(inside[name]):
+            if _under(target, IMPURE_PACKAGES):
+                out.append(f"pure module {name} imports {target}")
+        for lib in sorted(outside[name] & set(IMPURE_LIBRARIES)):
+            out.append(f"pure module {name} imports {lib}")
+    for name in sorted(srcs):
+        if not _under(name, ("store",)):
+            for lib in sorted(outside[name] & {"lancedb", "pyarrow"}):
+                out.append(f"{name or 'mfs_nb'} imports {lib}: only the store package does")
+        if not _under(name, FRONT_ENDS) and not _under(name, ("session",)):
+            for target in sorted(inside[name]):
+                if _under(target, ("session",)):
+                    out.append(f"{name or 'mfs_nb'} imports {target}: only the front ends use the Session")
+    # a cycle: a module that reaches itself (package roots re-exporting their own parts are left out)
+    for name in sorted(srcs):
+        seen, stack = set(), [t for t in inside[name] if not _under(name, (t,))]
+        while stack:
+            node = stack.pop()
+            if node == name:
+                out.append(f"{name} imports itself through other modules")
+                break
+            if node in seen or _under(name, (node,)):
+                continue
+            seen.add(node)
+            stack += [t for t in inside.get(node, ()) if not _under(node, (t,))]
+    return out
+
+
+def test_the_package_keeps_its_layers():
+    assert violations(sources()) == []
+
+
+def test_the_check_fails_when_a_pure_module_reaches_the_store_or_the_session():
+    srcs = sources()
+    broken = dict(srcs)
+    broken["view"] = srcs["view"] + "\n\ndef _leak():\n    from .store import Store\n    return Store\n"
+    assert "pure module view imports store" in violations(broken)
+    broken = dict(srcs)
+    broken["segments"] = "import lancedb\n" + srcs["segments"]
+    found = violations(broken)
+    assert "pure module segments imports lancedb" in found
+    assert "segments imports lancedb: only the store package does" in found
+    broken = dict(srcs)
+    broken["compaction.coldrange"] = "from ..session import Session\n" + srcs["compaction.coldrange"]
+    found = violations(broken)
+    assert "compaction.coldrange imports session: only the front ends use the Session" in found
+    assert "pure module compaction.coldrange imports session" in found
+    broken = dict(srcs)  # a cycle hidden inside a function
+    broken["events"] = srcs["events"] + "\n\ndef _late():\n    from .view import project\n    return project\n"
+    assert "events imports itself through other modules" in violations(broken)
+    # imports that only name types do not count
+    broken = dict(srcs)
+    broken["view"] = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .store import Store\n"
+                      + srcs["view"])
+    assert violations(broken) == []
+
+
+def test_every_module_is_in_the_architecture_page():
+    listed = set(re.findall(r"^\| `([a-z_.]+)` \|", DOCS.read_text(encoding="utf-8"), re.M))
+    missing = sorted(m for m in sources() if m and m not in listed)
+    assert missing == [], f"modules not in docs/architecture.md's table: {missing}"
+
+
+def test_no_comment_points_outside_the_repository():
+    """Design references point at docs/architecture.md; a clone has no ../shared."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if re.search(r"DESIGN(\.md)?\s*§|\bDESIGN\.md\b|\bseed\s*0\d\d|\.\./shared/(DESIGN|STYLE|seeds)", line):
+                found.append(f"{path.relative_to(ROOT)}:{i}")
+    assert found == []
