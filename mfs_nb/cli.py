@@ -1,10 +1,11 @@
-"""`mfs-nb` / `python -m mfs_nb`: demo, replay, bench and doctor."""
+"""`mfs-nb` / `python -m mfs_nb`: demo, replay, search, import, mcp, bench and doctor."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from .errors import MfsError
@@ -29,6 +30,33 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--k", default="10", help="how many hits (default 10)")
     f.add_argument("--role", choices=("user", "assistant", "tool", "segment"), help="only this role")
     f.add_argument("--json", dest="as_json", action="store_true", help="one JSON object per hit, one per line")
+    i = sub.add_parser("import", help="bring other assistants' transcripts into sessions, word for word and recallable",
+                       description="Import Claude Code session files (~/.claude/projects/*/*.jsonl), Codex CLI rollouts "
+                                   "(~/.codex/sessions/**/rollout-*.jsonl) or OpenAI-format JSONL: one session per "
+                                   "transcript, times kept, keys removed. Importing again adds only what is new.")
+    i.add_argument("files", nargs="+", help="transcript files")
+    i.add_argument("--store", help="the store (default: $MFS_STORE, else ./.mfs); made if it does not exist")
+    i.add_argument("--session", help="session name (one file only; default: from the transcript, e.g. claude-1a2b3c4d)")
+    i.add_argument("--format", default="auto", choices=("auto", "claude-code", "codex", "openai"),
+                   help="transcript format (default: told from its lines)")
+    i.add_argument("--compact", action="store_true",
+                   help="run the memory layer over the messages too, as `replay` does (segments, tracks)")
+    i.add_argument("--window", type=int, help="with --compact: the model window in tokens")
+    i.add_argument("--model", help="with --compact: the model the memory layer uses (default: offline)")
+    i.add_argument("--json", dest="as_json", action="store_true", help="one JSON report per transcript")
+    m = sub.add_parser("mcp", help="serve a store's memory to other agents over MCP (needs mfs_nb[mcp])",
+                       description="An MCP server over a store: recall_search, recall_history, list_sessions, context "
+                                   "(and pin, unpin, append_note with --allow-writes); resources "
+                                   "mfs://<session>/export.md and mfs://<session>/ledger.json. Set-up for Claude Code, "
+                                   "Codex, Cursor and JupyterLab: docs/guide/mcp.md. Example: "
+                                   "claude mcp add mfs-nb -- mfs-nb mcp --store ~/.mfs")
+    m.add_argument("--store", help="the store (default: $MFS_STORE, else ./.mfs); local path or s3://, gs://, az://")
+    m.add_argument("--transport", default="stdio", choices=("stdio", "http"),
+                   help="stdio (default; the host starts the server) or streamable HTTP")
+    m.add_argument("--host", default="127.0.0.1",
+                   help="HTTP: the address to bind (default 127.0.0.1; any other needs MFS_MCP_TOKEN set)")
+    m.add_argument("--port", type=int, default=8765, help="HTTP: the port (default 8765)")
+    m.add_argument("--allow-writes", action="store_true", help="offer pin, unpin and append_note (default: read-only)")
     b = sub.add_parser("bench", help="run benchmarks on real conversations and update docs/benchmarks.md")
     b.add_argument("suites", nargs="*", help="suites to run (default: all)")
     b.add_argument("--data", help="data directory with loaders.py (default: ../shared/data when it exists)")
@@ -59,6 +87,12 @@ def main(argv: list[str] | None = None) -> int:
             return _replay(args)
         if args.command == "search":
             return _search(args)
+        if args.command == "import":
+            return _import(args)
+        if args.command == "mcp":
+            from .mcp_server import serve
+
+            return serve(args.store, args.transport, args.host, args.port, args.allow_writes)
         if args.command == "doctor":
             from .doctor import doctor
 
@@ -66,8 +100,6 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(lines))
             return 0 if healthy or args.repair else 1
         if args.command == "bench":
-            from pathlib import Path
-
             from .bench.runner import run as bench
 
             options = {k: getattr(args, k) for k in ("model", "judge_model", "window", "api_base", "questions")}
@@ -101,6 +133,31 @@ def _replay(args: Any) -> int:
         with open(args.json_out, "w", encoding="utf-8") as fh:
             json.dump(report, fh, ensure_ascii=False)
         print(f"report written to {args.json_out}")
+    return 0
+
+
+def _import(args: Any) -> int:
+    from . import transcripts
+    from .importer import describe, import_transcript, open_store, to_json
+
+    if args.session and len(args.files) > 1:
+        print("mfs-nb: --session names one session; import one file at a time with it", file=sys.stderr)
+        return 2
+    read = [transcripts.read(f, args.format) for f in args.files]  # every file is read before anything is written
+    store = open_store(args.store, create=True)
+    for t in read:
+        progress = Progress(f"import {Path(t.path).name}", len(t.messages), "messages")
+
+        def step(done: int, total: int, bar: Progress = progress) -> None:
+            bar.step()
+
+        report = import_transcript(t, store, args.session, compact=args.compact, window=args.window,
+                                   model=args.model, on_message=step)
+        progress.close()
+        print(to_json(report) if args.as_json else describe(report))
+    if not args.as_json:
+        print(f"store: {store.shown}; full text is indexed now, vectors where a session is next opened "
+              f"(`mfs-nb mcp --store {store.shown}`, a notebook)")
     return 0
 
 

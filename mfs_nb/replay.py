@@ -13,23 +13,13 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import InputError
-from .events import ROLES
+from .transcripts import Message, normalise
 
-
-@dataclass
-class Message:
-    """One recorded message, normalised to OpenAI format."""
-
-    role: str
-    content: str
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    tool_call_id: str = ""
-    name: str = ""
+__all__ = ["Message", "load_transcript", "normalise", "replay"]
 
 
 def load_transcript(path: str | Path) -> list[Message]:
@@ -60,52 +50,6 @@ def load_transcript(path: str | Path) -> list[Message]:
                 raise InputError(f"{path}: line {n} is not JSON ({exc.msg})") from None
         where = "line"
     return normalise([m for _, m in items], [f"{path}: {where} {n}" for n, _ in items])
-
-
-def normalise(raw: list[Any], places: list[str] | None = None) -> list[Message]:
-    """OpenAI-format dicts → Messages; tool calls get ids and results get their call's id."""
-    places = places or [f"message {i}" for i in range(1, len(raw) + 1)]
-    out: list[Message] = []
-    pending: list[str] = []
-    counter = 0
-    for item, place in zip(raw, places):
-        if not isinstance(item, dict):
-            raise InputError(f"{place}: expected a JSON object with role and content")
-        role = item.get("role")
-        if role not in ROLES:
-            raise InputError(f"{place}: role must be one of {', '.join(ROLES)}, got {role!r}")
-        content = _text(item.get("content"), place)
-        calls: list[dict[str, Any]] = []
-        for call in item.get("tool_calls") or []:
-            if not isinstance(call, dict):
-                raise InputError(f"{place}: tool_calls must be a list of objects")
-            fn: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else call
-            arguments = fn.get("arguments", "")
-            if not isinstance(arguments, str):
-                arguments = json.dumps(arguments, ensure_ascii=False)
-            counter += 1
-            calls.append({"id": str(call.get("id") or f"call_r{counter}"), "type": "function",
-                          "function": {"name": str(fn.get("name") or ""), "arguments": arguments}})
-        if role == "assistant" and calls:
-            pending = [str(c["id"]) for c in calls]
-        call_id = str(item.get("tool_call_id") or "")
-        if role == "tool":
-            if not call_id and pending:
-                call_id = pending[0]
-            if call_id in pending:
-                pending.remove(call_id)
-        out.append(Message(role, content, calls, call_id, str(item.get("name") or "")))
-    return out
-
-
-def _text(content: Any, place: str) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):  # content parts
-        return "\n".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
-    raise InputError(f"{place}: content must be text or a list of parts, got {type(content).__name__}")
 
 
 def replay(messages: list[Message], *, window: int | None = None, model: str | None = None,

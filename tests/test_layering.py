@@ -4,7 +4,8 @@ functions; those under `if TYPE_CHECKING:` only name types and are left out):
 - the pure modules touch no storage, network or notebook: they import none of the store, the model
   client, the embedder, the notebook or the session, and no third-party library that does;
 - only the `store/` package imports LanceDB or pyarrow;
-- only the front ends (`notebook/`, `bench/`, `cli`, `replay`, `demo`, the package root's lazy export)
+- only the front ends (`notebook/`, `bench/`, `cli`, `replay`, `demo`, `importer`, `mcp_server`, the package
+  root's lazy export)
   import the `session` package;
 - no two modules import each other, directly or through others.
 
@@ -23,15 +24,15 @@ DOCS = ROOT.parent / "docs" / "architecture.md"
 
 # the memory logic that the property tests exercise: text in, text out
 PURE = {"events", "view", "tokens", "usage", "tools", "clearing", "facts", "segments", "origin", "meter",
-        "search", "knowledge", "workset", "lang", "index_rows", "compaction.coldrange",
+        "search", "knowledge", "workset", "lang", "index_rows", "transcripts", "redaction", "compaction.coldrange",
         "compaction.consolidation", "compaction.terminal", "compaction.summary_check"}
 # what a pure module may not reach, inside the package or outside it
 IMPURE_PACKAGES = ("store", "session", "notebook", "ui", "bench", "llm", "offline", "embed", "index", "searcher",
-                   "track", "snapshots", "quiet", "cli", "doctor", "export", "replay", "demo", "cost",
+                   "track", "snapshots", "quiet", "cli", "doctor", "export", "replay", "demo", "cost", "importer", "mcp_server",
                    "prompt_cache", "host", "compaction.compactor", "compaction.lease", "compaction.protocol")
 IMPURE_LIBRARIES = ("lancedb", "pyarrow", "litellm", "IPython", "ipywidgets", "anywidget", "requests", "httpx",
-                    "urllib", "socket", "sentence_transformers", "torch", "boto3")
-FRONT_ENDS = ("notebook", "bench", "cli", "replay", "demo", "")  # "" is the package root's lazy export
+                    "urllib", "socket", "sentence_transformers", "torch", "boto3", "mcp", "uvicorn", "starlette")
+FRONT_ENDS = ("notebook", "bench", "cli", "replay", "demo", "importer", "mcp_server", "")  # "" is the package root's lazy export
 
 
 def module_name(rel: str) -> str:

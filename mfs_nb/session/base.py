@@ -225,8 +225,9 @@ class SessionBase:
         return self._events[-1].turn if self._events else 0
 
     def record(self, role: str, content: str, *, origin: str = "", tool_calls: list[dict[str, Any]] | None = None,
-               tool_call_id: str = "", name: str = "", new_turn: bool = False) -> Event:
-        """Append one event to the log and persist it before returning. Never rewrites anything."""
+               tool_call_id: str = "", name: str = "", new_turn: bool = False, created_at: str = "") -> Event:
+        """Append one event to the log and persist it before returning. Never rewrites anything.
+        `created_at`: when it was said, for a message imported from elsewhere (default: now)."""
         with self._lock:
             # a tool-only round (the model answering tool results) registers a turn start too,
             # so the cold range can be cut there without separating a call from its result
@@ -237,7 +238,7 @@ class SessionBase:
                 event = Event(
                     uid=self.last_uid + 1, session=self.name, turn=turn, role=role, content=clean_text(content),
                     origin=origin or role, tool_calls=tuple(tool_calls or ()), tool_call_id=tool_call_id,
-                    name=name, turn_start=new_turn or not self._events, created_at=now_iso(),
+                    name=name, turn_start=new_turn or not self._events, created_at=created_at or now_iso(),
                 )
                 begun = time.monotonic()
                 try:

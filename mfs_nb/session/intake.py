@@ -29,14 +29,15 @@ class Intake(CallPlanner):
     """A user's message on its way into the log."""
 
     def record_user(self, text: str, *, quote: bool = False, attached: Sequence[tuple[str, str]] = (),
-                    own: bool = False, notices: list[str] | None = None, origin: str = "user") -> Event:
+                    own: bool = False, notices: list[str] | None = None, origin: str = "user",
+                    created_at: str = "") -> Event:
         """Record one user message through its channel: attachments become snapshots and, with
         `--quote`, `--own` or a pasted document, the verbatim track gets its explicit verdict."""
         notices = notices if notices is not None else []
         content, verdict = self._channel(text, quote, list(attached), own, notices)
         if attached:
             self._check_size(content, "the message with its attachments")
-        user = self.record("user", content, origin=origin, new_turn=True)
+        user = self.record("user", content, origin=origin, new_turn=True, created_at=created_at)
         if verdict is not None:
             self.verbatim.add(user.uid, verdict, message=user.content)
         return user

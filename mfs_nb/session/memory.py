@@ -42,6 +42,11 @@ class Memory(Intake):
             )
         return [e for e in self._events if a <= e.uid <= b]
 
+    def refresh(self) -> None:
+        """Take the events other kernels (or processes) committed to this session since it was read."""
+        with self._lock:
+            self._catch_up()
+
     def export(self, path: str | os.PathLike[str], overwrite: bool = False) -> Path:
         """Write the whole session to a .md or .ipynb file readable without mfs_nb: every message
         with its uid, each segment where it was declared, the ledger. Refuses to overwrite unless
