@@ -16,7 +16,9 @@ import json
 import os
 import tempfile
 import threading
+import time
 from bisect import bisect_left, bisect_right
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,8 @@ TOKEN_ENV = "MFS_MCP_TOKEN"
 MAX_QUERY_CHARS = 2_000
 MAX_K = 100
 PAGE_CHARS = MAX_RESULT_CHARS  # a page of `context`, an export or a ledger: what a memory tool returns at most
+NAMES_S = 5.0
+SEARCH_THREADS = 4  # sessions searched side by side in one recall_search
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 INSTRUCTIONS = (
     "Long-term memory of notebook conversations (mfs_nb) and of imported assistant transcripts. "
@@ -50,11 +54,16 @@ class Memory:
         self.store = store
         self.allow_writes = allow_writes
         self._open: dict[str, Session] = {}
+        self._names: tuple[float, list[str]] | None = None
         self._lock = threading.Lock()
 
     # -- sessions ------------------------------------------------------------------------------
     def names(self) -> list[str]:
-        return sorted(self.store.sessions())
+        """The store's sessions, read again at most every NAMES_S seconds (a read costs tens of ms)."""
+        now = time.monotonic()
+        if self._names is None or now - self._names[0] > NAMES_S:
+            self._names = (now, sorted(self.store.sessions()))
+        return self._names[1]
 
     def session(self, name: Any) -> Session:
         if not isinstance(name, str) or not valid_session_name(name):
@@ -63,6 +72,9 @@ class Memory:
             s = self._open.get(name)
             if s is None:
                 names = self.names()
+                if name not in names:
+                    self._names = None  # made since the last look?
+                    names = self.names()
                 if name not in names:
                     listed = ", ".join(names[:20]) + (" …" if len(names) > 20 else "") if names else "none"
                     raise Refused(f"no session {name!r} in {self.store.shown}; sessions: {listed}")
@@ -104,16 +116,25 @@ class Memory:
         names = [session] if session is not None else self.names()
         if not names:
             raise Refused(f"the store at {self.store.shown} holds no sessions yet")
+        opened = {name: self.session(name) for name in names}  # each read up to date once per request
+        bounds = {name: _uid_bounds(s, uid_from, uid_to, date_from, date_to) for name, s in opened.items()}
+        wanted = [name for name, (lo, hi) in bounds.items() if lo is None or hi is None or lo <= hi]
+
+        def one(name: str) -> Any:
+            lo, hi = bounds[name]
+            return opened[name].search(query, count, role=role, uid_from=lo, uid_to=hi)
+
+        # the first search embeds the query (kept for every session); the others then run side by side,
+        # their table reads overlapping
+        results = {name: one(name) for name in wanted[:1]}
+        if len(wanted) > 1:
+            with ThreadPoolExecutor(max_workers=min(SEARCH_THREADS, len(wanted) - 1)) as pool:
+                results.update(zip(wanted[1:], pool.map(one, wanted[1:])))
         found: list[tuple[float, str, Any]] = []
         notices: list[str] = []
-        for name in names:
-            s = self.session(name)
-            lo, hi = _uid_bounds(s, uid_from, uid_to, date_from, date_to)
-            if lo is not None and hi is not None and lo > hi:
-                continue  # no message of this session falls in the dates
-            results = s.search(query, count, role=role, uid_from=lo, uid_to=hi)
-            notices += [f"{name}: {n}" if len(names) > 1 else n for n in results.notices]
-            found += [(hit.score, name, hit) for hit in results]
+        for name in wanted:
+            notices += [f"{name}: {n}" if len(names) > 1 else n for n in results[name].notices]
+            found += [(hit.score, name, hit) for hit in results[name]]
         found.sort(key=lambda x: -x[0])
         if len(notices) > 3:  # one line for many sessions whose vectors are still being built
             notices = notices[:2] + [f"and {len(notices) - 2} more notes like these"]
@@ -122,10 +143,10 @@ class Memory:
         if not top:
             return "\n".join(lines + ["no matches; try other words, or recall_history with a session and a uid range"])
         lines.append(f"{len(top)} hits (best first); read one with recall_history(session, uid_from, uid_to):")
-        limit = memory_result_chars(max(s.profile().effective for s in map(self.session, {n for _, n, _ in top})))
+        limit = memory_result_chars(max(opened[n].profile().effective for _, n, _ in top))
         used = sum(len(x) + 1 for x in lines)
         for i, (_, name, hit) in enumerate(top):
-            when = _created(self.session(name), hit.uid)
+            when = _created(opened[name], hit.uid)
             line = f"{name} {hit.line()}" + (f" ({when[:19]})" if when else "")
             if used + len(line) > limit and i:
                 lines.append(f"[… {len(top) - i} more hits left out to fit; ask for a smaller k]")

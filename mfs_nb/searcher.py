@@ -31,15 +31,22 @@ SCAN_EVENTS = 20_000  # newest events not yet indexed that a search reads direct
 MAX_SPANS = 8  # spans of time one query may name
 
 
+# A query's vector and latent terms depend on the embedder and the words only, so every session of the
+# process shares them: a search over many sessions (the MCP server's) embeds its query once.
+_QUERIES: dict[tuple[str, str], np.ndarray] = {}  # (model, query) -> vector, bounded
+_LATENT_QUERIES: dict[tuple[str, str], Any] = {}  # (model, query) -> latent terms, bounded
+
+
 class Searcher:
     """The reading half of a session's recall index: what the writer (`index.Indexer`) has indexed,
-    searched, with the query vectors and latent terms it computed kept for the next search."""
+    searched, with the query vectors and latent terms it computed kept (for every session of the
+    process) for the next search."""
 
     def __init__(self, index: Indexer):
         self.index = index
         self.host = index.host
-        self._queries: dict[tuple[str, str], np.ndarray] = {}  # (model, query) -> vector, bounded
-        self._latent_queries: dict[tuple[str, str], Any] = {}  # (model, query) -> latent terms, bounded
+        self._queries = _QUERIES
+        self._latent_queries = _LATENT_QUERIES
         self._ordered: tuple[int, bool] = (-1, True)  # (events seen, their stamps in time order)
 
     def search(self, query: Any, k: Any = 10, *, role: str | Sequence[str] | None = None,

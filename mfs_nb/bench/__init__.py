@@ -15,6 +15,7 @@ from . import (
     compaction,
     consolidation,
     cost,
+    mcpbench,
     notebook,
     qa,
     recall,
@@ -30,5 +31,5 @@ SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compact
           consolidation.NAME: consolidation,
           verbatim.NAME: verbatim, sidebyside.NAME: sidebyside, ux.NAME: ux,
           recall.NAME: recall, recall_speed.NAME: recall_speed, notebook.NAME: notebook, storebench.NAME: storebench,
-          chatload.NAME: chatload, cost.NAME: cost,
+          chatload.NAME: chatload, cost.NAME: cost, mcpbench.NAME: mcpbench,
           qa.NAME: qa}

@@ -105,6 +105,12 @@ def _cost_against(tables: Tables) -> str:
 
 
 HEADLINES: dict[str, list[Headline]] = {
+    "mcp": [
+        Headline("importing the three shared coding sessions (`mfs-nb import`, seconds)", "< 60 s (issue 45)",
+                 cell("import of the shared coding sessions", "import s")),
+        Headline("recall_search through MCP over stdio, p95 ms (right after the import)", "≤ 200 ms (issue 45)",
+                 cell("recall_search through", "p95", when="after import")),
+    ],
     "tokens": [
         Headline("token estimate vs the provider's count, held-out English chat (mean error per message)",
                  "MAE 8.3 % (the seed's, on fixtures)",
