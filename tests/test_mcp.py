@@ -309,3 +309,20 @@ def test_shared_sessions_imported_twice_then_found_through_mcp(tmp_path: Path, c
     found = asyncio.run(run())
     uids = {index[e] for e in question["evidence"] if e in index}
     assert any(f"[#{u} " in found for u in uids), (question, found)
+
+
+def test_import_compact_runs_the_memory_layer_and_stays_idempotent(tmp_path: Path, capsys) -> None:
+    rows = []
+    for i in range(60):
+        rows.append({"role": "user", "content": f"Question {i}: what is the status of ticket T-{1000 + i}? " + "details " * 40})
+        rows.append({"role": "assistant", "content": f"Ticket T-{1000 + i} waits on team {i % 7}. " + "notes " * 40})
+    chat = tmp_path / "tickets.jsonl"
+    chat.write_text(_lines(rows), encoding="utf-8")
+    store = tmp_path / "store"
+    args = ["import", str(chat), "--store", str(store), "--compact", "--window", "8000", "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert report["added"] == 120 and report["segments"] >= 1  # compacted as it was written, as a replay does
+    events = Store(store).load_events("tickets")
+    assert [e.content for e in events] == [r["content"] for r in rows]  # the log is still word for word
+    assert main(args) == 0 and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["added"] == 0
