@@ -145,8 +145,11 @@ class Memory:
         lines.append(f"{len(top)} hits (best first); read one with recall_history(session, uid_from, uid_to):")
         limit = memory_result_chars(max(opened[n].profile().effective for _, n, _ in top))
         used = sum(len(x) + 1 for x in lines)
+        logs: dict[str, list[Any]] = {}  # each session's log, copied once for the hits' times
         for i, (_, name, hit) in enumerate(top):
-            when = _created(opened[name], hit.uid)
+            if name not in logs:
+                logs[name] = opened[name].events
+            when = _created(logs[name], hit.uid)
             line = f"{name} {hit.line()}" + (f" ({when[:19]})" if when else "")
             if used + len(line) > limit and i:
                 lines.append(f"[… {len(top) - i} more hits left out to fit; ask for a smaller k]")
@@ -234,9 +237,8 @@ def _page(text: str, page: Any) -> str:
     return chunk + (f"\n[page {number} of {pages}; ask for page {number + 1} for more]" if number < pages else "")
 
 
-def _created(s: Session, uid: int) -> str:
-    events = s.events
-    i = bisect_left([e.uid for e in events], uid)
+def _created(events: list[Any], uid: int) -> str:
+    i = bisect_left(events, uid, key=lambda e: e.uid)
     return events[i].created_at if i < len(events) and events[i].uid == uid else ""
 
 

@@ -17,38 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
-from .transcripts import Message, normalise
+from .transcripts import Message, load_rows, normalise
 
 __all__ = ["Message", "load_transcript", "normalise", "replay"]
 
 
 def load_transcript(path: str | Path) -> list[Message]:
-    """Read JSONL (one message per line) or a JSON list of OpenAI-format messages."""
+    """Read JSONL (one message per line) or a JSON list of OpenAI-format messages; the first line that is
+    not a message raises InputError naming it (`mfs-nb import` reads the same files forgivingly)."""
     path = Path(path)
-    if not path.is_file():
-        raise InputError(f"{path}: no such file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputError(f"{path}: not UTF-8 text (bad byte at {exc.start})") from None
-    stripped = text.lstrip()
-    if stripped.startswith("["):
-        try:
-            raw = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-        items = list(enumerate(raw, 1))
-        where = "item"
-    else:
-        items = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                items.append((n, json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise InputError(f"{path}: line {n} is not JSON ({exc.msg})") from None
-        where = "line"
+    items, _, where = load_rows(path, strict=True)
     return normalise([m for _, m in items], [f"{path}: {where} {n}" for n, _ in items])
 
 

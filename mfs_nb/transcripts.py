@@ -105,32 +105,41 @@ def _text(content: Any, place: str) -> str:
 
 
 # -- reading a file -------------------------------------------------------------------------------
-def read(path: str | Path, fmt: str = "auto") -> Transcript:
-    """The transcript in `path` (JSONL, or a JSON list of OpenAI-format messages). `fmt`: one of FORMATS,
-    or "auto" to tell them apart by their lines. Raises InputError when nothing in it is a message."""
-    path = Path(path)
+def load_rows(path: Path, strict: bool = False) -> tuple[list[tuple[int, Any]], list[int], str]:
+    """The JSON rows of a transcript file with their line (JSONL) or item (a JSON list) numbers, the numbers
+    of the lines that are not JSON, and which of "line"/"item" numbers them. `strict`: a line that is not
+    JSON raises InputError instead of being counted."""
     if not path.is_file():
         raise InputError(f"{path}: no such file")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise InputError(f"{path}: not UTF-8 text (bad byte at {exc.start})") from None
-    bad: list[int] = []
     if text.lstrip().startswith("["):
         try:
             listed = json.loads(text)
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
-        rows = list(enumerate(listed if isinstance(listed, list) else [], 1))
-    else:
-        rows = []
-        for n, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((n, json.loads(line)))
-            except (json.JSONDecodeError, RecursionError):
-                bad.append(n)
+        return list(enumerate(listed if isinstance(listed, list) else [], 1)), [], "item"
+    rows, bad = [], []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append((n, json.loads(line)))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            if strict:
+                why = exc.msg if isinstance(exc, json.JSONDecodeError) else "nested too deeply"
+                raise InputError(f"{path}: line {n} is not JSON ({why})") from None
+            bad.append(n)
+    return rows, bad, "line"
+
+
+def read(path: str | Path, fmt: str = "auto") -> Transcript:
+    """The transcript in `path` (JSONL, or a JSON list of OpenAI-format messages). `fmt`: one of FORMATS,
+    or "auto" to tell them apart by their lines. Raises InputError when nothing in it is a message."""
+    path = Path(path)
+    rows, bad, _ = load_rows(path)
     if fmt == "auto":
         fmt = detect(row for _, row in rows)
     if fmt not in FORMATS:

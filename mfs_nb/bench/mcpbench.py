@@ -44,6 +44,11 @@ def _queries(store: Path, per_session: int, rng: random.Random) -> list[tuple[st
     return out
 
 
+def _text(result: Any) -> str:
+    """A tool result's text (the server answers in text parts only)."""
+    return "\n".join(str(getattr(c, "text", "")) for c in result.content)
+
+
 async def _search_all(store: Path, queries: list[tuple[str, int, str]], wait_vectors: bool) -> dict[str, Any]:
     from mcp import Client, StdioServerParameters
 
@@ -61,7 +66,7 @@ async def _search_all(store: Path, queries: list[tuple[str, int, str]], wait_vec
                 t0 = time.perf_counter()
                 result = await client.call_tool("recall_search", {"query": query, "k": 10, **scoped})
                 times.append((time.perf_counter() - t0) * 1000)
-                text = "\n".join(c.text for c in result.content)
+                text = _text(result)
                 found += f"{name} [#{uid} " in text
                 pending += "vectors cover" in text
             times.sort()
@@ -73,7 +78,7 @@ async def _search_all(store: Path, queries: list[tuple[str, int, str]], wait_vec
             waited = time.perf_counter()
             while time.perf_counter() - waited < CATCH_UP_S:
                 probe = await client.call_tool("recall_search", {"query": "error", "k": 1})
-                if "vectors cover" not in "\n".join(c.text for c in probe.content):
+                if "vectors cover" not in _text(probe):
                     break
                 await asyncio.sleep(5)
             phases["catch_up_s"] = time.perf_counter() - waited
