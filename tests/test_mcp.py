@@ -114,6 +114,8 @@ def test_import_is_verbatim_idempotent_and_refuses_what_it_cannot_do(tmp_path: P
     assert events[2].content == "OOMKilled: container memory limit 512Mi exceeded"  # word for word
     assert events[1].tool_calls[0]["id"] == events[2].tool_call_id == "toolu_1"
     assert all(KEY not in e.content for e in events) and "sk-live1" in events[0].content  # the key is redacted
+    full_text = [i for i in Store(store)._recall_text(create=False).list_indices() if i.index_type == "FTS"]
+    assert full_text and all(i.num_indexed_rows > 0 and i.num_unindexed_rows == 0 for i in full_text)  # folded
 
     assert main(["import", str(cc), "--store", str(store)]) == 0  # twice: nothing added
     assert "claude-11112222: nothing new (5 messages already imported)" in capsys.readouterr().out

