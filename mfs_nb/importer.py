@@ -79,7 +79,7 @@ def import_transcript(transcript: Transcript, store: Store, session: str | None 
         report.update(uids=[existing[0].uid, existing[-1].uid] if existing else [], segments=None)
         return report
     settings: dict[str, Any] = {"background_compaction": False} if compact else {"recall_index": False}
-    s = Session(name, store=store, model=model, window_tokens=window, **settings)
+    s = Session(name, store=store, model=model, window_tokens=window, transient=list(settings), **settings)
     try:
         first = s.last_uid + 1
         for i, m in enumerate(tail, 1):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mfs_nb import transcripts
+from mfs_nb import Session, transcripts
 from mfs_nb.cli import main
 from mfs_nb.mcp_server import Memory, build
 from mfs_nb.store import Store
@@ -102,7 +102,7 @@ def test_transcripts_are_read_as_conversations(tmp_path: Path) -> None:
         transcripts.read(junk)
 
 
-def test_import_is_verbatim_idempotent_and_refuses_what_it_cannot_do(tmp_path: Path, capsys) -> None:
+def test_import_is_verbatim_idempotent_and_refuses_what_it_cannot_do(tmp_path: Path, capsys, monkeypatch) -> None:
     store = tmp_path / "store"
     cc = claude_code(tmp_path / "cc.jsonl")
     assert main(["import", str(cc), str(codex(tmp_path / "r.jsonl")), "--store", str(store)]) == 0
@@ -116,6 +116,17 @@ def test_import_is_verbatim_idempotent_and_refuses_what_it_cannot_do(tmp_path: P
     assert all(KEY not in e.content for e in events) and "sk-live1" in events[0].content  # the key is redacted
     full_text = [i for i in Store(store)._recall_text(create=False).list_indices() if i.index_type == "FTS"]
     assert full_text and all(i.num_indexed_rows > 0 and i.num_unindexed_rows == 0 for i in full_text)  # folded
+    # the import ran without the background indexer, and did not save that: the next opener builds the vectors
+    assert "recall_index" not in (Store(store).load_meta("claude-11112222").get("settings") or {})
+    monkeypatch.setenv("MFS_RECALL_INDEX", "true")  # the person's setting (the tests' default is off)
+    monkeypatch.delenv("MFS_EMBEDDING_MODEL")
+    opened = Session("claude-11112222", store=str(store))
+    try:
+        assert opened.settings.recall_index and opened.indexer.enabled
+        assert opened.indexer.wait(60) and opened.store.recall_state("claude-11112222", opened.indexer.model().model_id)[0] == 5
+    finally:
+        opened.close()
+    monkeypatch.setenv("MFS_RECALL_INDEX", "false")
 
     assert main(["import", str(cc), "--store", str(store)]) == 0  # twice: nothing added
     assert "claude-11112222: nothing new (5 messages already imported)" in capsys.readouterr().out

@@ -49,7 +49,8 @@ class Session(Memory):
     """A named conversation persisted in a store; re-opening the name resumes it exactly."""
 
     def __init__(self, name: str = "default", store: str | Store | None = None, model: str | None = None,
-                 window_tokens: int | None = None, *, llm: ChatModel | None = None, **settings: Any):
+                 window_tokens: int | None = None, *, llm: ChatModel | None = None, transient: Sequence[str] = (),
+                 **settings: Any):
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigError(f"session name {name!r} is invalid: use 1-64 letters, digits, '.', '_' or '-'")
         self.name = name
@@ -59,7 +60,9 @@ class Session(Memory):
                     if v is not None}
         saved = dict(meta.get("settings") or {})
         self.settings = Settings().with_values(**from_environment()).with_values(**saved).with_values(**explicit)
-        self._saved = {**saved, **{k: getattr(self.settings, k) for k in explicit}}
+        # `transient` settings hold in this process only (an import runs without the background indexer);
+        # the next process opens the session with the ones saved, the person's
+        self._saved = {**saved, **{k: getattr(self.settings, k) for k in explicit if k not in transient}}
         self._writer = uuid.uuid4().hex
         self._lock = threading.RLock()
         self._ledger_lock = threading.Lock()
