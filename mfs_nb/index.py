@@ -15,6 +15,7 @@ are still found by full text, and the results say so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -43,9 +44,11 @@ if TYPE_CHECKING:
     from .segments import Segment
 
 # The background thread embeds one text per call on one core at the lowest priority (`limit_this_thread`:
-# a turn or a search beside it keeps the other core) and checks before each text whether a turn started; vectors are written every
+# a turn or a search beside it keeps the other core; the indexers of all sessions of a process take turns
+# on that one core, `_BACKGROUND_CORE`) and checks before each text whether a turn started; vectors are written every
 # WRITE_ROWS rows, so the store sees a few writes a minute instead of one per text.
 BATCH = 1
+_BACKGROUND_CORE = threading.Lock()  # held by a background indexer while it embeds (`Indexer._core`)
 WRITE_ROWS = 32
 TEXT_EVENTS = 1_000  # events per full-text write when a backlog is indexed
 IDLE_GRACE_S = 0.1  # after a turn, wait this long before indexing again
@@ -238,17 +241,18 @@ class Indexer:
                 return written, upto, seg_upto
             self._yield_to_turn()
             batch = todo[i:i + size]
-            try:
-                vectors = np.asarray(embedder([r["words"] for r in batch]), dtype=np.float32)
-                if not np.all(np.isfinite(vectors)):
-                    raise ValueError("the embedder returned NaN or infinity")
-            except Exception as exc:
-                self.failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
-                self.host.log("recall_index_failure", model=model_id, error=self.failed)
-                self.note(f"the embedder failed ({self.failed}); search uses full text only until the session "
-                           "is reopened; nothing is lost")
-                return written, upto, seg_upto
-            pending += zip(batch, vectors, self._latent(embedder, batch))
+            with self._core():
+                try:
+                    vectors = np.asarray(embedder([r["words"] for r in batch]), dtype=np.float32)
+                    if not np.all(np.isfinite(vectors)):
+                        raise ValueError("the embedder returned NaN or infinity")
+                except Exception as exc:
+                    self.failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                    self.host.log("recall_index_failure", model=model_id, error=self.failed)
+                    self.note(f"the embedder failed ({self.failed}); search uses full text only until the session "
+                               "is reopened; nothing is lost")
+                    return written, upto, seg_upto
+                pending += zip(batch, vectors, self._latent(embedder, batch))
             rest = todo[i + size:]
             if len(pending) < every and rest:
                 continue
@@ -326,6 +330,11 @@ class Indexer:
             self.note(f"latent terms are unavailable ({self.latent_failed}); search fuses full text and vectors only")
             return [None] * len(rows)
         return [next(found) if r["chunk"] >= 0 else None for r in rows]
+
+    def _core(self) -> Any:
+        """The background core: the indexers of every session of this process (a server holds many)
+        embed one at a time between them, each on one thread, so the rest of the machine stays free."""
+        return _BACKGROUND_CORE if threading.current_thread() is self._thread else contextlib.nullcontext()
 
     def _yield_to_turn(self, limit_s: float = 60.0) -> None:
         """Wait while the session is busy (a turn holds its lock), and a little after: embedding and

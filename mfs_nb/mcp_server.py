@@ -17,13 +17,14 @@ import os
 import tempfile
 import threading
 import time
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from .errors import InputError, MfsError
 from .redaction import redact
+from .search import uid_bounds
 from .session import Session, valid_session_name
 from .store import Store
 from .tools import MAX_RESULT_CHARS, format_events, memory_result_chars, parse_range
@@ -243,25 +244,9 @@ def _created(events: list[Any], uid: int) -> str:
 
 
 def _uid_bounds(s: Session, uid_from: Any, uid_to: Any, date_from: Any, date_to: Any) -> tuple[int | None, int | None]:
-    """The uid range a search keeps: the uids asked for, narrowed to the messages written in the dates
-    (ISO dates or times; a date alone covers its whole day)."""
     lo = parse_range(uid_from)[0] if uid_from is not None else None
     hi = parse_range(uid_to)[0] if uid_to is not None else None
-    if lo is not None and hi is not None and hi < lo:
-        raise Refused(f"uid range {lo}-{hi} is reversed; did you mean {hi}-{lo}?")
-    if date_from is None and date_to is None:
-        return lo, hi
-    for value, what in ((date_from, "date_from"), (date_to, "date_to")):
-        if value is not None and (not isinstance(value, str) or not value[:10].replace("-", "").isdigit()):
-            raise Refused(f"{what} must be an ISO date like 2026-03-01, not {value!r}")
-    events = s.events
-    times = [e.created_at for e in events]  # written in order, so sorted
-    first = bisect_left(times, date_from) if date_from else 0
-    last = bisect_right(times, date_to + ("\uffff" if len(date_to) <= 10 else "")) - 1 if date_to else len(events) - 1
-    if first > last or not events:
-        return 1, 0
-    a, b = events[first].uid, events[last].uid
-    return (max(a, lo) if lo is not None else a), (min(b, hi) if hi is not None else b)
+    return uid_bounds(s.events, lo, hi, date_from, date_to)
 
 
 # -- the server ------------------------------------------------------------------------------------

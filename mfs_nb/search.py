@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import re
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -352,6 +353,28 @@ def time_windows(query: str, now: datetime, present: datetime | None = None) -> 
         days = n * {"day": 1, "week": 7, "month": 30}[m.group(2).lower()]
         out.append((today - timedelta(days=days + max(1, days // 4)), today - timedelta(days=days) + DAY_AFTER))
     return sorted(set(out))
+
+
+def uid_bounds(events: Sequence[Any], uid_from: int | None, uid_to: int | None, date_from: Any = None,
+               date_to: Any = None) -> tuple[int | None, int | None]:
+    """The uid range a search keeps: `uid_from`..`uid_to`, narrowed to the events (in log order, each
+    with `uid` and an ISO `created_at`) written between the dates (ISO dates or times; a date alone
+    covers its whole day). (1, 0) when no event is left; bad dates raise InputError with one line."""
+    lo, hi = uid_from, uid_to
+    if lo is not None and hi is not None and hi < lo:
+        raise InputError(f"uid range {lo}-{hi} is reversed; did you mean {hi}-{lo}?")
+    if date_from is None and date_to is None:
+        return lo, hi
+    for value, what in ((date_from, "date_from"), (date_to, "date_to")):
+        if value is not None and (not isinstance(value, str) or not value[:10].replace("-", "").isdigit()):
+            raise InputError(f"{what} must be an ISO date like 2026-03-01, not {value!r}")
+    times = [e.created_at for e in events]  # written in order, so sorted
+    first = bisect_left(times, date_from) if date_from else 0
+    last = bisect_right(times, date_to + ("\uffff" if len(date_to) <= 10 else "")) - 1 if date_to else len(events) - 1
+    if first > last or not events:
+        return 1, 0
+    a, b = events[first].uid, events[last].uid
+    return (max(a, lo) if lo is not None else a), (min(b, hi) if hi is not None else b)
 
 
 def latent_of(embedder: Any) -> Any:

@@ -53,10 +53,13 @@ RECALL_DESCRIPTION = (
 SEARCH_SCHEMA = {
     "type": "object",
     "properties": {
-        "query": {"type": "string", "description": "what to look for, in words (any language)"},
+        "query": {"type": "string", "description": "a few keywords and names, not a sentence (e.g. 'billing "
+                                                   "pool size', 'Caroline adoption agency'); any language"},
         "k": {"type": "integer", "description": "how many hits (default 8, at most 100)"},
         "role": {"type": "string", "enum": ["user", "assistant", "tool", "segment"],
-                 "description": "only messages of this role (optional)"},
+                 "description": "only messages of this role, e.g. user for what the user said (optional)"},
+        "date_from": {"type": "string", "description": "only messages written from this ISO date (optional)"},
+        "date_to": {"type": "string", "description": "only messages written up to this ISO date (optional)"},
         "uid_from": {"type": "integer", "description": "only uids from here (optional)"},
         "uid_to": {"type": "integer", "description": "only uids up to here (optional)"},
     },
@@ -64,6 +67,7 @@ SEARCH_SCHEMA = {
 }
 SEARCH_DESCRIPTION = (
     "Search this whole conversation by meaning and by words, including what is no longer in context. "
+    "Query with a few keywords and names; narrow with role or dates when you know them. "
     "Returns uids with a snippet each; then call recall_history with a uid to read the original."
 )
 

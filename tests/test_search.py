@@ -20,7 +20,7 @@ from mfs_nb.llm import Completion
 from mfs_nb.store import Store
 from mfs_nb.store.salvage import _layout
 from mfs_nb.store.schemas import recall_vectors_name
-from mfs_nb.tools import call_tool
+from mfs_nb.tools import SEARCH_SCHEMA, call_tool
 from mfs_nb.track import CachedEmbedder
 
 
@@ -572,6 +572,33 @@ def test_background_indexer_embeds_on_one_core_and_leaves_the_callers_threads_al
     assert openmp_threads() == before  # this thread (a turn, a search) keeps what it had
 
 
+def test_the_background_indexers_of_several_sessions_embed_one_at_a_time(store_dir, monkeypatch):
+    import threading
+    import time
+
+    emb, lock, active, most = _Embedder(), threading.Lock(), [0], [0]
+
+    def embedding(texts):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        time.sleep(0.02)
+        with lock:
+            active[0] -= 1
+        return emb(texts)
+
+    model = type("Watch", (), {"model_id": "fake/8d", "__call__": lambda self, t: embedding(t)})()
+    sessions = [_fts_session(store_dir, f"s{i}") for i in range(3)]
+    for s in sessions:
+        monkeypatch.setattr(s.indexer, "model", lambda: model)
+    for s in sessions:
+        for j in range(4):
+            s.record("user", f"message {j} about the harbour", new_turn=True)
+    assert all(s.indexer.wait(30) for s in sessions)
+    assert all(s.store.recall_state(s.name, "fake/8d")[0] == 4 for s in sessions)
+    assert most[0] == 1  # three sessions, one background core
+
+
 def test_a_query_does_not_wait_for_the_text_the_indexer_is_embedding():
     import threading
 
@@ -618,6 +645,21 @@ def test_memory_tool_results_are_paginated_and_not_trimmed_by_s2(store_dir):
     out, _ = apply(items, Clearing(trim_chars=1_000))
     assert out[1][0]["content"] == page and out[1][2] == "full"  # the recall stays whole
     assert out[2][2] == "trimmed"  # any other tool's result of that size is trimmed
+
+
+def test_the_search_tool_takes_dates_and_says_when_none_match(store_dir):
+    s = _fts_session(store_dir)
+    s.record("user", "the harbour crane was repaired", new_turn=True, created_at="2026-03-01T09:00:00Z")
+    s.record("user", "the harbour crane broke again", new_turn=True, created_at="2026-03-05T09:00:00Z")
+    s.record("user", "harbour fees went up", new_turn=True, created_at="2026-03-09T09:00:00Z")
+    assert s.indexer.wait(60)
+    found = s._search_tool("harbour crane", 8, date_from="2026-03-05", date_to="2026-03-05")
+    assert "[#2 " in found and "[#1 " not in found and "[#3 " not in found  # a date alone: its whole day
+    assert "[#1 " not in s._search_tool("harbour", 8, date_from="2026-03-02")
+    assert "no messages were written in that date range" in s._search_tool("harbour", 8, date_from="2027-01-01")
+    with pytest.raises(InputError, match="ISO date"):
+        s._search_tool("harbour", 8, date_to="next week")
+    assert set(SEARCH_SCHEMA["properties"]) >= {"date_from", "date_to", "role"}
 
 
 def test_model_fetches_a_fact_from_a_compacted_range_by_search_then_recall(store_dir):

@@ -12,7 +12,7 @@ from .. import lang
 from ..errors import InputError
 from ..events import Event, now_iso
 from ..search import METHODS as SEARCH_METHODS
-from ..search import Results
+from ..search import Results, uid_bounds
 from ..tools import (
     format_events,
     format_hits,
@@ -86,10 +86,13 @@ class Memory(Intake):
                                    methods=methods)
 
     def _search_tool(self, query: Any = "", k: Any = 8, role: Any = None, uid_from: Any = None,
-                     uid_to: Any = None) -> str:
+                     uid_to: Any = None, date_from: Any = None, date_to: Any = None) -> str:
         lo, hi = (parse_range(uid_from, uid_to) if uid_from is not None else (None, None))
         if uid_from is None and uid_to is not None:
             hi = parse_range(uid_to)[0]
+        lo, hi = uid_bounds(self.events, lo, hi, date_from or None, date_to or None)
+        if lo is not None and hi is not None and lo > hi:
+            return "no messages were written in that date range; try wider dates or none"
         found = self.search(query, k, role=role or None, uid_from=lo, uid_to=hi)
         return format_hits(found, memory_result_chars(self.profile().effective))
 
