@@ -179,3 +179,11 @@ def test_the_cost_suites_rules_read_what_an_earlier_request_wrote_and_nothing_el
     run = baselines.simulate("compact-90", long, 8_000)
     assert run.summaries and all(read > written > 0 for read, written in run.summaries)
     assert any(run.events) and all(len(p) <= 4 for p, e in zip(run.payloads, run.events) if e)
+
+
+def test_keyword_queries_keep_names_numbers_and_content_words_only():
+    from mfs_nb.bench.recall import keyword_query
+
+    assert keyword_query("When did Caroline go to the LGBTQ support group?") == "Caroline LGBTQ support group"
+    assert keyword_query("What is Gina's favorite style of dance in 2023?") == "Gina favorite style dance 2023"
+    assert keyword_query("What was it?") == "What was it?"  # nothing left: the question as asked

