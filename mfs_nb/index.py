@@ -36,7 +36,7 @@ from .index_rows import (
     rows_for_segment,
 )
 from .search import Results
-from .searcher import Searcher
+from .searcher import Searcher, searching
 from .store import read_only_error
 
 if TYPE_CHECKING:
@@ -337,18 +337,23 @@ class Indexer:
         return _BACKGROUND_CORE if threading.current_thread() is self._thread else contextlib.nullcontext()
 
     def _yield_to_turn(self, limit_s: float = 60.0) -> None:
-        """Wait while the session is busy (a turn holds its lock), and a little after: embedding and
-        writes compete with a turn for the cores, the caches and the store. Only the background thread waits."""
+        """Wait while the session is busy (a turn holds its lock) or a search runs in this process (a
+        server's request, another session's tool call), and a little after: embedding and writes compete
+        with them for the cores, the interpreter, the caches and the store. Only the background thread waits."""
         if threading.current_thread() is not self._thread:
             return
+
+        def busy() -> bool:
+            return self.host.busy() or searching()
+
         end = time.monotonic() + limit_s
         waited = False
         while time.monotonic() < end and not self._stop:
-            if not self.host.busy():
+            if not busy():
                 if not waited:
                     return
                 time.sleep(IDLE_GRACE_S)  # the next turn of a loop of turns usually starts right away
-                if not self.host.busy():
+                if not busy():
                     return
             waited = True
             time.sleep(0.02)

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 from bisect import bisect_left
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ class Memory:
         self._open: dict[str, Session] = {}
         self._names: tuple[float, list[str]] | None = None
         self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=SEARCH_THREADS, thread_name_prefix="mfs-mcp-search")
 
     # -- sessions ------------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -66,7 +67,7 @@ class Memory:
             self._names = (now, sorted(self.store.sessions()))
         return self._names[1]
 
-    def session(self, name: Any) -> Session:
+    def session(self, name: Any, refresh: bool = True) -> Session:
         if not isinstance(name, str) or not valid_session_name(name):
             raise Refused(f"session must be a session name (1-64 letters, digits, '.', '_' or '-'), not {name!r}")
         with self._lock:
@@ -80,11 +81,13 @@ class Memory:
                     listed = ", ".join(names[:20]) + (" …" if len(names) > 20 else "") if names else "none"
                     raise Refused(f"no session {name!r} in {self.store.shown}; sessions: {listed}")
                 s = self._open[name] = Session(name, store=self.store)
-            else:
-                s.refresh()
-            return s
+                return s
+        if refresh:
+            s.refresh()  # outside the lock: the sessions of one request are read side by side
+        return s
 
     def close(self) -> None:
+        self._pool.shutdown(wait=False)
         for s in self._open.values():
             s.indexer.close()
 
@@ -117,7 +120,14 @@ class Memory:
         names = [session] if session is not None else self.names()
         if not names:
             raise Refused(f"the store at {self.store.shown} holds no sessions yet")
-        opened = {name: self.session(name) for name in names}  # each read up to date once per request
+        # the query is embedded (once, kept for every session) while each session is read up to date; then
+        # the sessions are searched side by side, their table reads overlapping
+        first = self.session(names[0], refresh=False)
+        embedder = first.indexer.model()
+        embedding = self._pool.submit(first.indexer.query_vector, embedder, query) if embedder is not None else None
+        opened = dict(zip(names, self._pool.map(self.session, names)))
+        if embedding is not None:
+            wait([embedding])  # a failure is met again, and said, by each search
         bounds = {name: _uid_bounds(s, uid_from, uid_to, date_from, date_to) for name, s in opened.items()}
         wanted = [name for name, (lo, hi) in bounds.items() if lo is None or hi is None or lo <= hi]
 
@@ -125,12 +135,7 @@ class Memory:
             lo, hi = bounds[name]
             return opened[name].search(query, count, role=role, uid_from=lo, uid_to=hi)
 
-        # the first search embeds the query (kept for every session); the others then run side by side,
-        # their table reads overlapping
-        results = {name: one(name) for name in wanted[:1]}
-        if len(wanted) > 1:
-            with ThreadPoolExecutor(max_workers=min(SEARCH_THREADS, len(wanted) - 1)) as pool:
-                results.update(zip(wanted[1:], pool.map(one, wanted[1:])))
+        results = dict(zip(wanted, self._pool.map(one, wanted)))
         found: list[tuple[float, str, Any]] = []
         notices: list[str] = []
         for name in wanted:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import bisect
 import re
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +37,24 @@ MAX_SPANS = 8  # spans of time one query may name
 # process shares them: a search over many sessions (the MCP server's) embeds its query once.
 _QUERIES: dict[tuple[str, str], np.ndarray] = {}  # (model, query) -> vector, bounded
 _LATENT_QUERIES: dict[tuple[str, str], Any] = {}  # (model, query) -> latent terms, bounded
+_SEARCHING = [0]  # searches running in this process: the background indexers wait for them (`searching`)
+_SEARCHING_LOCK = threading.Lock()
+
+
+def searching() -> bool:
+    """A search is running in this process (in any session): background indexing waits, as for a turn."""
+    return _SEARCHING[0] > 0
+
+
+@contextmanager
+def _reading() -> Iterator[None]:
+    with _SEARCHING_LOCK:
+        _SEARCHING[0] += 1
+    try:
+        yield
+    finally:
+        with _SEARCHING_LOCK:
+            _SEARCHING[0] -= 1
 
 
 class Searcher:
@@ -53,6 +73,12 @@ class Searcher:
                uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,
                methods: Sequence[str] = S.METHODS) -> Results:
         """Hybrid search over this session's index. Bad input raises InputError with one line."""
+        with _reading():
+            return self._search(query, k, role=role, uid_from=uid_from, uid_to=uid_to, neighbours=neighbours,
+                                methods=methods)
+
+    def _search(self, query: Any, k: Any, *, role: str | Sequence[str] | None, uid_from: int | None,
+                uid_to: int | None, neighbours: int, methods: Sequence[str]) -> Results:
         query, k = S.check_query(query, k)
         if not 0 <= int(neighbours) <= 5:
             raise InputError(f"neighbours must be between 0 and 5 (got {neighbours})")

@@ -162,6 +162,10 @@ HEADLINES: dict[str, list[Headline]] = {
                  cell("LoCoMo evidence", "hit@10", category="all", method="hybrid")),
         Headline("share of evidence turns in the top 10 (r@10)", "≈ 0.48 for plain embeddings (published)",
                  cell("LoCoMo evidence", "r@10", category="all", method="hybrid")),
+        Headline("multi-hop questions with an evidence turn in the top 10", "≥ 0.60 (issue 44)",
+                 cell("LoCoMo evidence", "hit@10", category="multi-hop", method="hybrid")),
+        Headline("open-domain questions with an evidence turn in the top 10", "≥ 0.55 (issue 44)",
+                 cell("LoCoMo evidence", "hit@10", category="open-domain", method="hybrid")),
     ],
     "recall_speed": [
         Headline("search p95 at the largest size measured (ms)", "—", cell("Search latency", "search p95 ms")),
