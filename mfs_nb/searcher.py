@@ -47,7 +47,8 @@ def searching() -> bool:
 
 
 @contextmanager
-def _reading() -> Iterator[None]:
+def reading() -> Iterator[None]:
+    """Mark a search running (`searching`) for as long as the block lasts: a search, or a request of several."""
     with _SEARCHING_LOCK:
         _SEARCHING[0] += 1
     try:
@@ -73,7 +74,7 @@ class Searcher:
                uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,
                methods: Sequence[str] = S.METHODS) -> Results:
         """Hybrid search over this session's index. Bad input raises InputError with one line."""
-        with _reading():
+        with reading():
             return self._search(query, k, role=role, uid_from=uid_from, uid_to=uid_to, neighbours=neighbours,
                                 methods=methods)
 

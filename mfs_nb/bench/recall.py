@@ -58,7 +58,7 @@ KEYWORDS = "hybrid, keyword query"  # the question as a model writes a search: k
 # judges must not decide what the query is.
 _FILLER = frozenset([
     "a", "about", "after", "again", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be", "been",
-    "before", "being", "both", "but", "by", "can", "could", "did", "do", "does", "doing", "done", "during",
+    "before", "being", "both", "but", "by", "get", "go", "got", "went", "can", "could", "did", "do", "does", "doing", "done", "during",
     "each", "else", "ever", "for", "from", "had", "has", "have", "having", "he", "her", "hers", "him", "his",
     "how", "i", "if", "in", "into", "is", "it", "its", "just", "kind", "like", "likely", "many", "may", "me",
     "might", "more", "most", "much", "must", "my", "near", "never", "no", "nor", "not", "of", "off", "on",
@@ -78,7 +78,7 @@ def keyword_query(question: str) -> str:
     kept = []
     for w in words:
         w = re.sub(r"['’]s$", "", w)
-        if w.lower() in _FILLER or (len(w) < 3 and not w.isdigit()) or w.lower() in ("go", "went", "get", "got"):
+        if w.lower() in _FILLER or (len(w) < 3 and not w.isdigit()):
             continue
         kept.append(w)
     return " ".join(dict.fromkeys(kept)) or question

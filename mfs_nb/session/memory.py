@@ -90,7 +90,7 @@ class Memory(Intake):
         lo, hi = (parse_range(uid_from, uid_to) if uid_from is not None else (None, None))
         if uid_from is None and uid_to is not None:
             hi = parse_range(uid_to)[0]
-        lo, hi = uid_bounds(self.events, lo, hi, date_from or None, date_to or None)
+        lo, hi = uid_bounds(lambda: self._events, lo, hi, date_from or None, date_to or None)
         if lo is not None and hi is not None and lo > hi:
             return "no messages were written in that date range; try wider dates or none"
         found = self.search(query, k, role=role or None, uid_from=lo, uid_to=hi)
