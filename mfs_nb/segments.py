@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any
 
-from . import lang, workset
+from . import budget, lang, workset
 from .events import Event
 from .facts import tool_digest
 from .lang import conversation_language, header_language
@@ -190,16 +190,16 @@ def clean_summary(text: str) -> str | None:
 
 
 FACT_LINES, FACT_TOKENS = 40, 2_400  # a segment's fact list at most ("Segments (S3)")
-FACT_SHARE = 0.06  # …and at most this share of the usable window: at 8k, four segments' lists would fill the block
+FACT_BLOCK = 1 / 8  # …and at most this share of the segment block's budget (`budget.plan`), so it holds several
 
 
 def fact_budget(effective: int | None) -> tuple[int, int]:
-    """(lines, tokens) of one segment's fact list: 40 lines / 2,400 tokens, scaled down
-    for small windows. Lines a segment leaves out stay in the session's fact track."""
+    """(lines, tokens) of one segment's fact list: 40 lines / 2,400 tokens, scaled down with
+    the segment block of small windows. Lines a segment leaves out stay in the session's fact track."""
     if not effective:
         return FACT_LINES, FACT_TOKENS
-    tokens = max(200, min(FACT_TOKENS, int(FACT_SHARE * effective)))
-    return max(6, min(FACT_LINES, tokens // 45)), tokens
+    tokens = max(100, min(FACT_TOKENS, int(FACT_BLOCK * budget.plan(effective).block)))
+    return max(3, min(FACT_LINES, tokens // 45)), tokens
 
 
 def fact_list(events: Sequence[Event], effective: int | None = None) -> workset.Budgeted:

@@ -43,8 +43,8 @@ class Settings:
     timeout_s: float = 120.0
     recall_max_events: int = 200
     system_prompt: str = ""
-    fact_share: float = 0.15  # the fact track's budget (fact lines of evicted or over-budget history; 0: none)
-    verbatim_share: float = 0.15  # the user-verbatim track's budget, a share of the usable window (0: no track)
+    fact_share: float = 0.15  # the fact track's claim on the one budget (`budget.plan`; 0: no fact track)
+    verbatim_share: float = 0.15  # the user-verbatim track's claim on the one budget (0: no track)
     knowledge_share: float = 0.05  # the knowledge slot's budget (pinned / remembered values; 0: no slot, no tools)
     prompt_cache: bool = True  # cache breakpoints for Anthropic-style models, a prompt_cache_key for OpenAI ones
     show_budget: bool = True  # a one-line note at the tail of each request: context share and the compaction line

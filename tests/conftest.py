@@ -43,6 +43,16 @@ def vectors(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def roomy_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The standing layers at their full claims (70 % of the usable window, as before the one budget
+    plan), for tests of a mechanism that needs a block holding several maps at a small window."""
+    from mfs_nb import budget
+
+    monkeypatch.setattr(budget, "STANDING_SMALL", 0.70)
+    monkeypatch.setattr(budget, "STANDING_LARGE", 0.70)
+
+
+@pytest.fixture
 def ip(tmp_path, monkeypatch):
     """An in-process IPython shell with `%load_ext mfs_nb` run (store in tmp_path/nbstore)."""
     from IPython.core.interactiveshell import InteractiveShell

@@ -187,3 +187,34 @@ def test_keyword_queries_keep_names_numbers_and_content_words_only():
     assert keyword_query("When did Caroline go to the LGBTQ support group?") == "Caroline LGBTQ support group"
     assert keyword_query("What is Gina's favorite style of dance in 2023?") == "Gina favorite style dance 2023"
     assert keyword_query("What was it?") == "What was it?"  # nothing left: the question as asked
+
+
+def test_the_budget_suite_reads_both_strategies_from_what_they_sent():
+    """The budget suite on a synthetic chat at 8k: both strategies compact, their figures come from
+    their own payloads, and the same-size truncation is cut to mfs_nb's final payload."""
+    from mfs_nb.bench import budget
+    from mfs_nb.tokens import message_tokens
+
+    convs = []
+    for c in range(2):
+        msgs = []
+        for i in range(60):
+            msgs.append({"id": f"D1:{2 * i}", "role": "user",
+                         "content": f"Day {i} of trip {c}: we stayed in town-{i} and paid {40 + i} euros for the room."})
+            msgs.append({"id": f"D1:{2 * i + 1}", "role": "assistant",
+                         "content": f"Noted: town-{i}, {40 + i} euros. " + "That sounds like a pleasant stop. " * 8})
+        convs.append({"id": f"c{c}", "messages": msgs,
+                      "questions": [{"question": "price?", "answer": f"{40 + i} euros", "category": 1,
+                                     "evidence": [f"D1:{2 * i}"]} for i in (1, 30, 59)]})
+    messages, record = budget._joined(convs)
+    assert len({m["id"] for m in record["messages"]}) == len(record["messages"]) == len(messages)
+    assert record["questions"][3]["evidence"] == ["c1/D1:2"]
+    rows = budget.measure(messages, 8_192, record)
+    for name in ("mfs_nb", "compact-90"):
+        r = rows[name]
+        assert r["compactions"] >= 1 and 0 < r["prefix"] < 1 and r["summarizer"] > 0
+        assert r["calls"] == sum(m["role"] == "assistant" for m in messages)
+        assert 0 <= r["raw_tail"] <= r["final_tokens"] <= 8_192 and r["answers"] is not None
+    equal = budget.same_size(messages, record, 8_192)
+    assert equal["questions"] == 6  # the same size: the next older message would not have fitted
+    assert equal["size"] - max(message_tokens(m) for m in messages) < equal["truncated"] <= equal["size"]

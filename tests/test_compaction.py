@@ -47,7 +47,7 @@ def test_coverage_holds_at_every_turn_over_160_turns(store_dir):
         covered_ok(s)
         peak = max(peak, s.last_plan.usage.tokens)
         assert s.last_plan.usage.tokens <= s.usage().effective
-    assert s.coverage()["lost"] == 0 and s.coverage()["in_segments"] > 300
+    assert s.coverage()["lost"] == 0 and s.coverage()["in_segments"] > 0.9 * len(s.events)
     assert [r["kind"] for r in s.ledger()].count("compaction") >= 5
 
 
@@ -67,7 +67,10 @@ def test_input_of_each_compression_is_exactly_its_declared_range(store_dir):
         assert request[0]["role"] == "system" and request[0]["content"] == s._system()
 
 
-def test_segment_text_has_header_honesty_line_prose_and_facts(store_dir):
+def test_segment_text_has_header_honesty_line_prose_and_facts(store_dir, monkeypatch):
+    import mfs_nb.segments as segments
+
+    monkeypatch.setattr(segments, "FACT_BLOCK", 0.4)  # room for several fact lines at this small window
     s = Session("text", store=store_dir, window_tokens=4096, llm=FakeLLM(), background_compaction=False)
     for i in range(30):
         s.chat(chatty(i))

@@ -49,7 +49,7 @@ def test_text_lines_only_from_the_compacted_range_tool_lines_from_the_cleared_on
     assert "[#4]" in track.text and "[#5]" not in track.text  # uids 5–8 are raw in the payload: not repeated
 
 
-def test_facts_survive_the_eviction_of_their_segment_map(store_dir):
+def test_facts_survive_the_eviction_of_their_segment_map(store_dir, roomy_layers):
     s = Session("ft", store=store_dir, window_tokens=8000, llm=FakeLLM(), consolidation=False)  # eviction only
     for i in range(160):
         s.record("user", f"turn {i}", new_turn=True)

@@ -136,7 +136,7 @@ def test_missing_bge_weights_fall_back_to_the_packaged_model(monkeypatch, tmp_pa
 
 
 def _session(store_dir, **kw) -> Session:
-    return Session("vt", store=store_dir, window_tokens=8000, llm=FakeLLM(), **kw)
+    return Session("vt", store=store_dir, window_tokens=16000, llm=FakeLLM(), **kw)
 
 
 def _fill(s: Session, turns: int, reply: str = REPLY) -> None:
@@ -200,7 +200,7 @@ def test_track_keeps_own_words_points_at_quotes_and_changes_only_at_compaction(s
     s.record("user", "one more ordinary turn", new_turn=True)
     s.record("assistant", "fine")
     assert _track_text(s) == text  # ordinary turns never rewrite the track
-    again = Session("vt", store=store_dir, window_tokens=8000, llm=FakeLLM())
+    again = _session(store_dir)
     assert _track_text(again) == text  # a restart renders the same bytes
 
 
@@ -221,7 +221,7 @@ def test_a_verdict_does_not_store_the_message_again_and_reopens_the_same(store_d
     assert own and all(stored[u]["own_text"] is None and stored[u]["first_line"] is None for u in own)
     assert before[quote].disposition == QUOTE and stored[quote]["own_text"] == ""
     assert before[noted].disposition == QUOTE_NOTE and before[noted].own_text.endswith("use 20.")
-    again = Session("vt", store=store_dir, window_tokens=8000, llm=FakeLLM())
+    again = _session(store_dir)
     assert {u: (v.disposition, v.own_text, v.first_line, v.quoted_uid) for u, v in again.verbatim.verdicts.items()} \
         == {u: (v.disposition, v.own_text, v.first_line, v.quoted_uid) for u, v in before.items()}
     assert all(again.verbatim.verdicts[u].own_text == s.events[u - 1].content for u in own)
@@ -245,7 +245,7 @@ def test_a_verdict_newer_than_the_log_a_kernel_read_gets_its_words(store_dir, mo
         return [e for e in events if e.uid < last] if len(calls) == 1 else events
 
     monkeypatch.setattr(Store, "load_events", stale_first_read)
-    again = Session("vt", store=store_dir, window_tokens=8000, llm=FakeLLM())
+    again = _session(store_dir)
     assert again.verbatim.verdicts[last].own_text == s.events[last - 1].content
     assert again.verbatim.verdicts[last].first_line == s.verbatim.verdicts[last].first_line
 

@@ -10,6 +10,7 @@ regenerated in place. A suite whose data is missing is skipped with a message. A
 from __future__ import annotations
 
 from . import (
+    budget,
     chatload,
     clearing,
     compaction,
@@ -31,5 +32,5 @@ SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compact
           consolidation.NAME: consolidation,
           verbatim.NAME: verbatim, sidebyside.NAME: sidebyside, ux.NAME: ux,
           recall.NAME: recall, recall_speed.NAME: recall_speed, notebook.NAME: notebook, storebench.NAME: storebench,
-          chatload.NAME: chatload, cost.NAME: cost, mcpbench.NAME: mcpbench,
+          chatload.NAME: chatload, cost.NAME: cost, budget.NAME: budget, mcpbench.NAME: mcpbench,
           qa.NAME: qa}

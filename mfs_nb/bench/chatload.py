@@ -5,8 +5,10 @@ compaction, quote detection and the recall index on, the local store), the user'
 Measured: the time of every chat, the process's resident memory every 100 chats, the store on disk
 against the text it holds: right after the last chat, and at rest, once the session has been left
 alone as a notebook would be (the recall index catches up, then the quiet-moment fold runs). The
-bars of issue 19: store at rest ≤ 10 × its text, median of the last 100 chats ≤ 1.3 × the first 100,
-memory growth ≤ 200 MB, no chat over 2 s.
+bars (issues 19 and 43): store at rest ≤ 10 × its text; once compaction cycles, a flat turn — the median
+of the last 100 chats ≤ 1.2 × the median of chats 1,001–1,100 (the ratio to the first 100, before
+anything compacts, mixes in the memory layers' steady cost and is reported, not barred); memory growth
+after chat 100 ≤ 200 MB; no chat over 2 s.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ EVERY = 100
 WINDOW = 32_000  # a small model's window: compaction cycles many times over the run (at 128k it starts near chat 800)
 REST_LIMIT_S = 1_800  # the longest the suite waits for the session to come to rest after the last chat
 QUICK_REST_LIMIT_S = 10
+CYCLING = 1_000  # from this chat on compaction cycles at WINDOW: the flat-turn bar compares against the 100 after it
 # what each table of the store is for, in the breakdown of its size
 PARTS = (("the log and session state", ("events", "sessions", "compactions", "leases", "ledger", "calls")),
          ("the recall index", ("recall_",)), ("verdicts and origin vectors", ("verbatim", "vectors_")))
@@ -79,11 +82,14 @@ def measure(folder: Path, texts: list[str], chats: int, rest_limit_s: float = RE
     parts = breakdown(folder)
     vectors_done = s.store.recall_state(s.name, s.indexer.model().model_id)[0] if s.indexer.model() else 0
     first, last = statistics.median(times[:EVERY]), statistics.median(times[-EVERY:])
+    cycling = statistics.median(times[CYCLING:CYCLING + EVERY]) if chats >= CYCLING + 2 * EVERY else None
     return {"chats": chats, "events": len(s.events), "segments": len(s.compactor.segments),
             "text_mb": text / 1e6, "store_mb": size / 1e6, "store_x_text": size / max(text, 1),
             "store_busy_mb": busy / 1e6, "busy_x_text": busy / max(text, 1), "rest_s": rest_s,
             "at_rest": at_rest, "quiet_folds": s._quiet.runs, "indexed_to": vectors_done, "parts": parts,
             "first100_ms": 1000 * first, "last100_ms": 1000 * last, "last_over_first": last / first,
+            "cycling_ms": None if cycling is None else 1000 * cycling,
+            "last_over_cycling": None if cycling is None else last / cycling,
             "max_ms": 1000 * max(times), "slowest_chat": times.index(max(times)) + 1,
             "rss_start_mb": start_mb, "rss_100_mb": marks[0]["rss_mb"], "rss_end_mb": end_mb,
             "growth_mb": end_mb - marks[0]["rss_mb"], "marks": marks}
@@ -101,18 +107,21 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
         ["store on disk at rest ÷ text it holds" if r["at_rest"] else
          f"store on disk {r['rest_s']:.0f} s after the last chat, not yet at rest, ÷ text it holds",
          f"{r['store_mb']:.1f} MB ÷ {r['text_mb']:.1f} MB = {r['store_x_text']:.1f} ×", "≤ 10 ×"],
+        ["median chat, last 100 ÷ chats 1,001–1,100 (compaction cycling)",
+         "—" if r["cycling_ms"] is None else
+         f"{r['last100_ms']:.0f} ÷ {r['cycling_ms']:.0f} ms = {r['last_over_cycling']:.2f}", "≤ 1.2"],
         ["median chat, last 100 ÷ first 100", f"{r['last100_ms']:.0f} ÷ {r['first100_ms']:.0f} ms = "
-                                              f"{r['last_over_first']:.2f}", "≤ 1.3"],
+                                              f"{r['last_over_first']:.2f}", "reported (issue 43)"],
         ["memory growth after the first 100 chats", f"{r['growth_mb']:.0f} MB ({r['rss_100_mb']:.0f} → "
                                                     f"{r['rss_end_mb']:.0f} MB)", "≤ 200 MB"],
         ["slowest chat", f"{r['max_ms']:.0f} ms (chat {r['slowest_chat']:,})", "≤ 2,000 ms"],
     ]
-    metrics = {k: round(v, 4) for k, v in r.items() if isinstance(v, (int, float))}
+    metrics = {k: round(v, 4) for k, v in r.items() if isinstance(v, (int, float)) and v is not None}
     metrics.update({f"part_mb:{name}": round(mb, 3) for name, mb in r["parts"].items()})
     return {
         "title": f"{chats:,} offline chats in one session",
         "tables": [
-            {"caption": "The bars (issue 19)", "columns": ["measure", "this run", "bar"], "rows": bars},
+            {"caption": "The bars (issues 19 and 43)", "columns": ["measure", "this run", "bar"], "rows": bars},
             {"caption": f"Over the run: each row the {EVERY} chats before it",
              "columns": ["chats", "median ms", "max ms", "resident MB"], "rows": curve},
         ],

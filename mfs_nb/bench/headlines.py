@@ -104,7 +104,30 @@ def _cost_against(tables: Tables) -> str:
     return " vs ".join(out)
 
 
+def _against(column: str, window: str) -> Callable[[Tables], str]:
+    """mfs_nb's figure in `column` against compact-90's, the LoCoMo session at `window` (the budget suite)."""
+    def read(tables: Tables) -> str:
+        out = []
+        for strategy in ("mfs_nb", "compact-90"):
+            cols, rows = _rows(tables, "Runs, per 100k", window=window, strategy=strategy)
+            rows = [r for r in rows if r[0].startswith("LoCoMo")]
+            if not rows or column not in cols:
+                return "—"
+            out.append(rows[-1][cols.index(column)])
+        return " vs ".join(out)
+    return read
+
+
 HEADLINES: dict[str, list[Headline]] = {
+    "budget": [
+        Headline("prefix-cache ratio over all calls, LoCoMo ×6 as one session at 32k, mfs_nb vs compact-at-90 %",
+                 "≥ 99 % and ≥ compact-90 (issue 43)", _against("prefix ratio, all calls", "32k")),
+        Headline("summarizer tokens per 100k tokens of new content, same run, mfs_nb vs compact-at-90 %",
+                 "≤ compact-90 (issue 43)", _against("summarizer tokens (in + out)", "32k")),
+        Headline("LoCoMo answers in the final payload at 16k, mfs_nb vs truncation to the same size",
+                 "≥ truncation (issue 43)",
+                 lambda t: " vs ".join(cell("At 16k", c)(t) for c in ("mfs_nb", "truncate (same size)"))),
+    ],
     "mcp": [
         Headline("importing the three shared coding sessions (`mfs-nb import`, seconds)", "< 60 s (issue 45)",
                  cell("import of the shared coding sessions", "import s")),

@@ -12,7 +12,7 @@ from ..segments import Segment
 from ..tokens import estimate_tokens
 from ..usage import human
 from . import consolidation as con
-from . import limits, terminal
+from . import terminal
 
 if TYPE_CHECKING:
     pass
@@ -30,7 +30,7 @@ class BlockWork(SegmentMaking):
         (gates permitting); once depth is exhausted the deterministic sink absorbs the coldest L0;
         only what is still over the budget is evicted. `consolidation=False`: eviction only."""
         st = self.host.settings()
-        budget = limits.BLOCK_SHARE * effective
+        budget = self.plan(effective).block
         notices: list[str] = []
         for _ in range(2 * st.max_consolidations + 2):  # each pass commits one merge or stops
             if not st.consolidation or not con.over_trigger(self.segments, budget):
@@ -76,7 +76,7 @@ class BlockWork(SegmentMaking):
             return None
         merged = seg.merged(seq, members, events, prose, level, effective)
         if sink:  # the chain's end stays bounded: the whole map within SINK_SHARE of the block budget
-            room = int(limits.BLOCK_SHARE * effective * terminal.SINK_SHARE) - (merged.tokens - estimate_tokens(merged.prose))
+            room = int(self.plan(effective).block * terminal.SINK_SHARE) - (merged.tokens - estimate_tokens(merged.prose))
             merged = seg.merged(seq, members, events, terminal.bounded(prose, max(room, 60), members[-1].language),
                                 level, effective)
         self.rows.complete(seq, merged, info, segment_ids=ids)
@@ -146,7 +146,7 @@ class BlockWork(SegmentMaking):
         leaving can get it there (a payload that is mostly raw is the hard tier's work, not a reason
         to drop every map). Declared like a segment (its own protocol entry), under the lease, so a
         restart agrees; the ledger row says whether the check held. Nothing changes on failure."""
-        n = terminal.evictions(self.segments, limits.BLOCK_SHARE * effective)
+        n = terminal.evictions(self.segments, self.plan(effective).block)
         if not n or not self.lease.valid():
             return []
         block_before = con.block_tokens(self.segments)

@@ -11,7 +11,7 @@ from .. import segments as seg
 from ..events import Event
 from ..segments import Segment
 from ..usage import TIERS, human, human_pair, tier_label
-from . import coldrange, limits
+from . import limits
 
 if TYPE_CHECKING:
     pass
@@ -55,7 +55,7 @@ class Compactor(Background):
             notices += self._notes(ready[0], ready[1], tier)
         wider: list[Event] = []  # at the hard line, after a range not even the digest made smaller: all of it
         widened = False
-        while not only_ready and s.usage().tokens >= coldrange.TARGET_AFTER * effective or manual and not made:
+        while not only_ready and s.usage().tokens >= self.plan(effective).target or manual and not made:
             events, why = (wider, "") if wider else self.choose(effective, small_ok=manual)
             wider = []
             if not events and s.usage().tier == "hard":

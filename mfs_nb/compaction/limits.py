@@ -1,6 +1,5 @@
 """The compactor's numbers, read where they are used (a test may change one for its run)."""
 
-BLOCK_SHARE = 0.35  # the segment block may take this share before its oldest maps are evicted
 BREAKER = 3  # consecutive summarizer failures before automatic LLM compaction stops
 REFILL_CALLS = 2  # a compaction needed again within this many calls is a rapid refill
 LOCK_WAIT_S = 10.0  # a manual or hard-line compaction waits this long for another kernel's lease

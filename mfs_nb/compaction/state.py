@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .. import budget
 from .. import segments as seg
 from ..events import Event, after
 from ..segments import Segment
@@ -20,6 +21,9 @@ from .protocol import ProtocolRows
 
 if TYPE_CHECKING:
     from ..host import Host
+
+
+COMMIT_AT = 0.90  # the compress line (`usage.ContextProfile.compress`), where a pre-compaction is committed
 
 
 @dataclass
@@ -189,10 +193,37 @@ class CompactorState:
     # -- the range -----------------------------------------------------------------------
     def choose(self, effective: int, emergency: bool = False, small_ok: bool = False) -> tuple[list[Event], str]:
         """The cold range (`coldrange.choose`) of what no segment covers yet."""
-        return coldrange.choose(self.raw(), effective, emergency, small_ok)
+        return coldrange.choose(self.raw(), effective, emergency, small_ok, self.keep_tail(effective))
+
+    def plan(self, effective: int) -> budget.Plan:
+        """The window's budget under the session's settings (`budget.plan`)."""
+        return budget.plan(effective, self.host.settings())
+
+    def keep_tail(self, effective: int) -> int:
+        """The raw tail a compaction keeps: the room the layers leave under the plan's target once it
+        is committed — the layers in force, the segment to come (guide and fact list), the fact and
+        user-verbatim tracks at their ceilings (a compaction fills them from the range it covers), and
+        what arrives before the compress line when the range is chosen early — never under the plan's floor."""
+        p = self.plan(effective)
+        view = self.host.view()
+        if view is None:
+            return p.tail
+        tracks = {"facts": p.facts, "verbatim": p.verbatim}
+        standing = sum(max(layer.tokens, tracks.get(layer.kind, 0)) for layer in view.layers if layer.kind != "raw")
+        standing += sum(v for k, v in tracks.items() if k not in {layer.kind for layer in view.layers})
+        segment = coldrange.guide_bounds(p.block)[1] + seg.fact_budget(effective)[1]
+        usage = self.host.usage()
+        if usage is None:
+            return max(p.tail, p.target - standing - segment)
+        # what the meter counts beyond the layers (tool schemas, calibration) stands too; a range chosen
+        # below the compress line (the pre-compaction at the warn line) is committed there, and what
+        # arrives meanwhile joins the tail
+        beyond = max(0, usage.tokens - sum(layer.tokens for layer in view.layers))
+        ahead = max(0, int(COMMIT_AT * effective) - usage.tokens)
+        return max(p.tail, p.target - standing - beyond - segment - ahead)
 
     def target(self, events: Sequence[Event], effective: int) -> int:
-        return coldrange.target(events, effective)
+        return coldrange.target(events, effective, self.plan(effective).block)
 
     # -- one compaction event ----------------------------------------------------------------
     def next_seq(self) -> int:

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import lang
+from .. import budget, lang
 from ..compaction import Compactor
 from ..errors import ConfigError, StoreError
 from ..events import Event, clean_text, now_iso
@@ -180,6 +180,10 @@ class SessionBase:
     def profile(self) -> ContextProfile:
         """Window and tier thresholds of this session."""
         return _profile(self.window, self.settings)
+
+    def plan(self) -> budget.Plan:
+        """The window's one budget: every standing layer's ceiling, the raw tail's floor (`budget.plan`)."""
+        return budget.plan(self.profile().effective, self.settings)
 
     def _check_overhead(self, profile: ContextProfile, settings: Settings) -> None:
         overhead = message_tokens({"role": "system", "content": system_prompt(settings.system_prompt)})

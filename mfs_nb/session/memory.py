@@ -124,7 +124,7 @@ class Memory(Intake):
 
     # -- the knowledge slot (knowledge.py) ---------------------------------------------------
     def knowledge_budget(self) -> int:
-        return int(self.settings.knowledge_share * self.profile().effective)
+        return self.plan().knowledge
 
     def pin(self, key: str | dict[str, Any], value: Any = None, *, by: str = "user") -> list[str]:
         """Keep `key = value` (or every pair of a dict) in the knowledge slot, word for word, never

@@ -44,12 +44,12 @@ class Projection(SessionBase):
         """The working set and fact lines of history the payload no longer shows as it was: text
         lines of the compacted range, tool lines (files touched, commands run, errors seen) of the
         compacted range and of the range whose tool results and arguments S2 cleared; less what a
-        segment in the payload or the user-verbatim track shows; within `fact_share`. Changes only
+        segment in the payload or the user-verbatim track shows; within the plan's fact track. Changes only
         at compaction and clearing events (both already change the payload's structure)."""
         upto = self.compactor.covered_to
         state = clearing or self.clearing_state()
         tool_upto = max(upto, max(state.clear_before, state.prune_before) - 1)
-        budget = int(self.settings.fact_share * self.profile().effective)
+        budget = self.plan().facts
         segments = self.compactor.segments
         kept = tuple(track.kept) if track is not None else ()
         key = (upto, tool_upto, tuple(x.id for x in segments), budget, kept)
@@ -63,7 +63,7 @@ class Projection(SessionBase):
 
     def track(self) -> Any:
         """The user-verbatim track in force: user messages the segments cover, within its budget."""
-        budget = int(self.settings.verbatim_share * self.profile().effective)
+        budget = self.plan().verbatim
         return self.verbatim.build(self.compactor.covered_to, budget)
 
     def clearing_state(self) -> Clearing:

@@ -1,0 +1,82 @@
+"""The one budget of the window (issue 43): the plan is pure, the layers and the compactor read it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from conftest import FakeLLM
+
+from mfs_nb import Session, budget
+from mfs_nb.settings import Settings
+from mfs_nb.usage import ContextProfile
+
+WINDOWS = (4_096, 8_192, 16_384, 32_768, 65_536, 131_072, 200_000, 1_000_000, 10_000_000)
+
+
+@pytest.mark.parametrize("window", WINDOWS)
+def test_the_standing_layers_never_pass_their_share_and_a_compaction_ends_well_under_the_warn_line(window):
+    eff = ContextProfile(window).effective
+    for settings in (Settings(), Settings(fact_share=0.3, verbatim_share=0.4, knowledge_share=0.2),
+                     Settings(fact_share=0, verbatim_share=0, knowledge_share=0)):
+        p = budget.plan(eff, settings)
+        assert p.standing <= budget.STANDING_LARGE * eff
+        assert p.standing <= budget.standing_share(eff) * eff + 1
+        assert p.target <= 0.6 * eff < 0.85 * eff  # the next compaction is ≥ 25 % of the window away
+        assert p.tail >= budget.TAIL_MIN * eff - 1
+        assert p.standing + p.tail >= p.target  # the layers at their ceilings plus the floor reach the target
+        assert min(p.block, p.facts, p.verbatim, p.knowledge) >= 0
+
+
+def test_small_windows_shrink_the_layers_first_and_large_ones_cap_them_in_tokens():
+    shares = [budget.plan(ContextProfile(w).effective).standing / ContextProfile(w).effective for w in WINDOWS[:5]]
+    assert shares == sorted(shares) and shares[0] < 0.35 and shares[-1] == pytest.approx(0.45, abs=0.01)
+    huge = budget.plan(ContextProfile(10_000_000).effective)
+    assert (huge.block, huge.facts, huge.verbatim, huge.knowledge) == (
+        budget.CAPS["block"], budget.CAPS["facts"], budget.CAPS["verbatim"], budget.CAPS["knowledge"])
+    assert huge.tail == huge.target - huge.standing  # what the capped layers leave stays raw
+
+
+def test_a_layer_turned_off_leaves_its_room_to_the_others_up_to_their_claims():
+    eff = ContextProfile(32_768).effective
+    on, off = budget.plan(eff, Settings()), budget.plan(eff, Settings(fact_share=0))
+    assert off.facts == 0 and off.block > on.block and off.verbatim > on.verbatim
+    assert off.block <= 0.35 * eff and off.verbatim <= 0.15 * eff
+    no_slot = budget.plan(eff, Settings(knowledge_share=0))
+    assert no_slot.knowledge == 0 and no_slot.block > on.block
+
+
+def test_the_architecture_page_shows_the_plan_the_code_makes():
+    text = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
+    section = text.split("## One budget", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines()
+            if re.match(r"\| [\d,]+ \|", line)]
+    assert rows == budget.table()
+
+
+def test_the_session_reads_every_layer_from_the_plan(store_dir):
+    s = Session("plan", store=store_dir, window_tokens=16_384, llm=FakeLLM())
+    p = s.plan()
+    assert p == budget.plan(s.usage().effective, s.settings)
+    assert s.knowledge_budget() == p.knowledge
+    assert s.compactor.plan(s.usage().effective) == p
+
+
+def test_a_compaction_ends_near_the_target_and_keeps_the_rest_raw(store_dir):
+    s = Session("ends", store=store_dir, window_tokens=16_384, llm=FakeLLM(default="Noted."),
+                background_compaction=False)
+    eff = s.usage().effective
+    afters = []
+    for i in range(140):
+        s.chat(f"turn {i}: the build on host-{i % 5} took {30 + i} s; keep the cache at /var/cache/b{i}. " * 6)
+        rows = [r for r in s.ledger() if r["kind"] == "compaction"]
+        if len(rows) > len(afters):
+            afters.append(rows[-1]["tokens_after"])
+    assert len(afters) >= 2
+    p = s.plan()
+    for after in afters:  # each ends under the target plus one turn's slack, far under the warn line
+        assert after <= p.target + 0.08 * eff < 0.85 * eff
+    view = s.send_view()
+    raw = sum(x.tokens for x in view.layers if x.kind == "raw")
+    assert raw >= p.tail * 0.8  # the raw tail kept is at least about the plan's floor
