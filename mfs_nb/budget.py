@@ -6,7 +6,7 @@ track, the knowledge slot — the floor of the raw tail a compaction keeps, and 
 compaction brings the payload down to. Three rules:
 
 - **The standing layers together never pass `standing_share(effective)`** of the usable window:
-  30 % at an 8k window, rising to 45 % from a 32k window on. A small window shrinks its layers
+  30 % at an 8k window, rising to 35 % from a 32k window on. A small window shrinks its layers
   first (fewer, denser lines), since everything above the raw tail is re-read after each
   compaction's cache miss.
 - **A compaction ends at `TARGET`** (55 % of the usable window): the layers at their ceilings
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 BLOCK_CLAIM = 0.35  # the segment block's claim, beside the settings' shares of the other layers
-STANDING_SMALL, STANDING_LARGE = 0.30, 0.45  # the standing layers' share at a small and a large window
+STANDING_SMALL, STANDING_LARGE = 0.30, 0.35  # the standing layers' share at a small and a large window
 SMALL, LARGE = 6_000, 26_000  # usable windows (≈ 8k and ≈ 32k windows) where the share stops changing
 TARGET = 0.55  # a compaction goes on until the payload is under this share of the usable window
 TAIL_MIN = 0.10  # the raw tail a compaction keeps is never under this share

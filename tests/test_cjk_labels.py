@@ -136,7 +136,7 @@ def _chinese_session(store_dir: str, **kw):
 
     from mfs_nb import Session
 
-    s = Session("zh", store=store_dir, window_tokens=16000, llm=FakeLLM(), **kw)
+    s = Session("zh", store=store_dir, window_tokens=24000, llm=FakeLLM(), **kw)
     for i in range(3):
         s.record("user", _user(i), new_turn=True)
         s.record("assistant", _assistant(i))

@@ -136,7 +136,7 @@ def test_missing_bge_weights_fall_back_to_the_packaged_model(monkeypatch, tmp_pa
 
 
 def _session(store_dir, **kw) -> Session:
-    return Session("vt", store=store_dir, window_tokens=16000, llm=FakeLLM(), **kw)
+    return Session("vt", store=store_dir, window_tokens=24000, llm=FakeLLM(), **kw)
 
 
 def _fill(s: Session, turns: int, reply: str = REPLY) -> None:
