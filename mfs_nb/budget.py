@@ -6,7 +6,7 @@ track, the knowledge slot — the floor of the raw tail a compaction keeps, and 
 compaction brings the payload down to. Three rules:
 
 - **The standing layers together never pass `standing_share(effective)`** of the usable window:
-  30 % at an 8k window, rising to 35 % from a 32k window on. A small window shrinks its layers
+  30 % at an 8k window, rising to 45 % from a 32k window on. A small window shrinks its layers
   first (fewer, denser lines), since everything above the raw tail is re-read after each
   compaction's cache miss.
 - **A compaction ends at `TARGET`** (55 % of the usable window): the layers at their ceilings
@@ -15,10 +15,11 @@ compaction brings the payload down to. Three rules:
 - **Large windows cap the layers in absolute tokens** (`CAPS`): a 1M window does not need a
   150k fact track.
 
-The settings' shares (`fact_share`, `verbatim_share`, `knowledge_share`) are each layer's claim;
-the knowledge slot (pinned by the user) gets its claim, and the block, the fact track and the
-user-verbatim track split what is left of the standing share in proportion to their claims (the
-block's is `BLOCK_CLAIM`). Turning a layer off leaves its room to the others, up to their claims.
+The settings' shares (`fact_share`, `verbatim_share`, `knowledge_share`) are each layer's claim.
+What the user pinned and what the user wrote come first: the knowledge slot and the user-verbatim
+track get their claims, within half of the standing share (`FIRST`; the track gives way at a small
+window); the segment block and the fact track split what is left in proportion to their claims
+(the block's is `BLOCK_CLAIM`). Turning a layer off leaves its room to the others, up to their claims.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 BLOCK_CLAIM = 0.35  # the segment block's claim, beside the settings' shares of the other layers
-STANDING_SMALL, STANDING_LARGE = 0.30, 0.35  # the standing layers' share at a small and a large window
+STANDING_SMALL, STANDING_LARGE = 0.30, 0.45  # the standing layers' share at a small and a large window
+FIRST = 0.5  # the knowledge slot and the user-verbatim track take at most this part of the standing share
 SMALL, LARGE = 6_000, 26_000  # usable windows (≈ 8k and ≈ 32k windows) where the share stops changing
 TARGET = 0.55  # a compaction goes on until the payload is under this share of the usable window
 TAIL_MIN = 0.10  # the raw tail a compaction keeps is never under this share
@@ -70,19 +72,21 @@ def standing_share(effective: int) -> float:
 def plan(effective: int, settings: Any = None) -> Plan:
     """The budget of a usable window of `effective` tokens under `settings` (defaults when None)."""
     fact = getattr(settings, "fact_share", 0.15)
-    verbatim = getattr(settings, "verbatim_share", 0.15)
+    verbatim_claim = getattr(settings, "verbatim_share", 0.15)
     knowledge_claim = getattr(settings, "knowledge_share", 0.05)
-    share = standing_share(effective)
+    standing_cap = standing_share(effective) * effective
     knowledge = min(int(knowledge_claim * effective), CAPS["knowledge"])
-    room = max(share * effective - knowledge, 0.0)
-    claims = {"block": BLOCK_CLAIM, "facts": fact, "verbatim": verbatim}
+    # the user's own words come first: their claim, within what leaves half the standing share to the block
+    verbatim = max(0, min(int(verbatim_claim * effective), CAPS["verbatim"], int(FIRST * standing_cap) - knowledge))
+    room = max(standing_cap - knowledge - verbatim, 0.0)
+    claims = {"block": BLOCK_CLAIM, "facts": fact}
     total = sum(claims.values())
     scale = min(1.0, room / (total * effective)) if total else 0.0
     sizes = {k: min(int(c * scale * effective), CAPS[k]) for k, c in claims.items()}
-    standing = sum(sizes.values()) + knowledge
+    standing = sum(sizes.values()) + knowledge + verbatim
     target = int(TARGET * effective)
     tail = max(int(TAIL_MIN * effective), target - standing)
-    return Plan(effective, sizes["block"], sizes["facts"], sizes["verbatim"], knowledge, tail, target)
+    return Plan(effective, sizes["block"], sizes["facts"], verbatim, knowledge, tail, target)
 
 
 def table(windows: tuple[int, ...] = (8_192, 16_384, 32_768, 131_072, 200_000, 1_000_000)) -> list[list[str]]:

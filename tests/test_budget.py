@@ -41,10 +41,12 @@ def test_small_windows_shrink_the_layers_first_and_large_ones_cap_them_in_tokens
 def test_a_layer_turned_off_leaves_its_room_to_the_others_up_to_their_claims():
     eff = ContextProfile(32_768).effective
     on, off = budget.plan(eff, Settings()), budget.plan(eff, Settings(fact_share=0))
-    assert off.facts == 0 and off.block > on.block and off.verbatim > on.verbatim
-    assert off.block <= 0.35 * eff and off.verbatim <= 0.15 * eff
+    assert off.facts == 0 and off.block > on.block and off.verbatim == on.verbatim
+    assert off.block <= 0.35 * eff and on.verbatim == int(0.15 * eff)  # the user's own words get their claim
     no_slot = budget.plan(eff, Settings(knowledge_share=0))
     assert no_slot.knowledge == 0 and no_slot.block > on.block
+    small = budget.plan(ContextProfile(8_192).effective, Settings())
+    assert small.verbatim + small.knowledge <= budget.FIRST * budget.standing_share(small.effective) * small.effective
 
 
 def test_the_architecture_page_shows_the_plan_the_code_makes():

@@ -76,7 +76,7 @@ def test_many_cells_list_every_failure_and_count_the_rest():
     assert "more cells ran ok" in text and len(text.splitlines()) <= 42
 
 
-def test_failed_cells_stay_named_in_the_payload_after_compaction(store_dir):
+def test_failed_cells_stay_named_in_the_payload_after_compaction(store_dir, roomy_layers):
     """After compactions, every failed cell's execution count and error name is still in the payload
     (fact track or segment), though the events that said so are compacted."""
     s = Session("cl", store=store_dir, window_tokens=8000, llm=FakeLLM(default="Looked at it; see above. " * 10),

@@ -13,6 +13,12 @@ from conftest import FakeLLM
 from mfs_nb import Session
 from mfs_nb.compaction import consolidation as con
 from mfs_nb.compaction import terminal
+
+
+@pytest.fixture(autouse=True)
+def _roomy(roomy_layers) -> None:
+    """Consolidation's mechanics at a 4k window need a block that holds several maps: these tests give
+    the layers their full claims (tests/test_budget.py holds the one budget itself)."""
 from mfs_nb.segments import Segment
 
 
@@ -126,7 +132,7 @@ def _evicting(store_dir, raw_tokens: int):
     return c, rows
 
 
-def test_eviction_goes_on_to_0_9_of_the_window_only_where_it_can_get_there(store_dir, roomy_layers):
+def test_eviction_goes_on_to_0_9_of_the_window_only_where_it_can_get_there(store_dir):
     c, rows = _evicting(store_dir + "/a", raw_tokens=2900)  # 3,825 after the block budget: over 0.9 × 4,096
     gone = c.evict_if_needed(3300)
     assert [x.id for x in gone] == [1, 2, 3, 4]  # 3 for the block budget, 1 more for the window check
@@ -161,7 +167,7 @@ def test_a_restart_sees_the_same_block(store_dir):
     assert reopened.send_view().messages == s.send_view().messages
 
 
-def test_a_failed_merge_keeps_the_originals(store_dir, roomy_layers):
+def test_a_failed_merge_keeps_the_originals(store_dir):
     s = long_session(store_dir, "fail", 40, consolidation=False)
     before = [(x.id, x.level) for x in s.compactor.segments]
     assert len(before) >= 3
@@ -245,7 +251,7 @@ def test_consolidation_racing_background_compaction_covers_every_uid_once(store_
 
 
 @pytest.mark.slow  # over 10 s (see pyproject: run with -m slow)
-def test_a_run_the_gates_turn_down_at_full_depth_sinks_before_anything_is_evicted(monkeypatch, roomy_layers):
+def test_a_run_the_gates_turn_down_at_full_depth_sinks_before_anything_is_evicted(monkeypatch):
     """Depth exhausted and the L0s' merge turned down by a gate: the terminal chain's sink absorbs
     the coldest L0 into the deepest map before the oldest map is evicted (issue 15, item 5)."""
     from test_clearing import coding_transcript

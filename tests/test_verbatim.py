@@ -251,11 +251,11 @@ def test_a_verdict_newer_than_the_log_a_kernel_read_gets_its_words(store_dir, mo
 
 
 def test_track_budget_keeps_the_newest_and_names_the_dropped(store_dir):
-    s = _session(store_dir, verbatim_share=0.04)
+    s = _session(store_dir, verbatim_share=0.02)
     _fill(s, 30)
     s.compact()
     text = _track_text(s)
-    assert text is not None and estimate_tokens(text) <= 0.04 * s.profile().effective + 5
+    assert text is not None and estimate_tokens(text) <= 0.02 * s.profile().effective + 5
     built = s.track()
     assert built.dropped is not None and built.dropped[0] == 1
     assert f"older user messages #1–#{built.dropped[1]} left this track" in text
