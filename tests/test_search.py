@@ -703,6 +703,7 @@ def test_cli_search_prints_hits_and_json(store_dir, capsys):
     s = _fts_session(store_dir, "cli")
     s.record("user", "the staging database lives on port 5433", new_turn=True)
     s.record("assistant", "ok, 5433 for staging")
+    assert s.indexer.wait(30)  # its thread indexed both (closing it mid-write left uid 2 to a direct read)
     s.indexer.close()
     assert main(["search", "--store", store_dir, "--session", "cli", "staging database", "--k", "1"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -773,3 +774,17 @@ def test_segment_headers_list_topic_keywords(store_dir):
     seg = build(1, events, "- fixed the pool")
     assert seg.render().splitlines()[0] == "[segment #1 · uids 1–3 · topics: billing, pool, calls, connection, keeps]"
     assert build(1, events, "- fixed the pool").render() == seg.render()  # deterministic
+
+
+def test_the_index_watermark_never_moves_back(store_dir):
+    """Two indexers of one session (another kernel, a thread still closing) may save their watermarks in
+    either order: the later one never moves it back, so a search does not read indexed events again."""
+    from mfs_nb.store import Store
+
+    store = Store(store_dir)
+    store.save_recall_state("w", "", 2, 1)
+    store.save_recall_state("w", "", 1, 0)  # an indexer that read the watermark before the other saved
+    assert store.recall_state("w", "") == (2, 1)
+    store.save_recall_state("w", "", 3, 1)
+    store.save_recall_state("w", "m", 1, 0)  # each model has its own
+    assert store.recall_state("w", "") == (3, 1) and store.recall_state("w", "m") == (1, 0)

@@ -166,13 +166,16 @@ class RecallTables(StoreCore):
         return self._recall_state_table
 
     def save_recall_state(self, session: str, model_id: str, events_upto: int, segments_upto: int) -> None:
-        """One watermark per (session, model); model "" is the text (full-text) side."""
+        """One watermark per (session, model); model "" is the text (full-text) side. It only moves
+        forward: an indexer that read the watermark before another one (another kernel, a closing
+        thread) saved a later one must not move it back, or a search would read indexed events twice."""
         row = {"key": session + "\x1f" + model_id, "session": session, "model": model_id,
                "events_upto": int(events_upto), "segments_upto": int(segments_upto), "updated_at": now_iso()}
         with self._writing(RECALL_STATE):
             table = self._recall_state()
-            table.merge_insert("key").when_matched_update_all().when_not_matched_insert_all().execute(
-                pa.Table.from_pylist([row], schema=RECALL_STATE_SCHEMA))
+            table.merge_insert("key").when_matched_update_all(
+                where="source.events_upto >= target.events_upto AND source.segments_upto >= target.segments_upto"
+            ).when_not_matched_insert_all().execute(pa.Table.from_pylist([row], schema=RECALL_STATE_SCHEMA))
 
     def search_text(self, where: str, query: str, cjk: bool, limit: int) -> list[dict[str, Any]]:
         """Full-text search on the word column (or the CJK n-gram column), filtered first."""
