@@ -13,13 +13,13 @@ from conftest import FakeLLM
 from mfs_nb import Session
 from mfs_nb.compaction import consolidation as con
 from mfs_nb.compaction import terminal
+from mfs_nb.segments import Segment
 
 
 @pytest.fixture(autouse=True)
 def _roomy(roomy_layers) -> None:
     """Consolidation's mechanics at a 4k window need a block that holds several maps: these tests give
     the layers their full claims (tests/test_budget.py holds the one budget itself)."""
-from mfs_nb.segments import Segment
 
 
 def segment(i: int, level: int = 0, tokens: int = 500) -> Segment:
