@@ -20,7 +20,7 @@ FAILING = ["{}['region']", "int('twelve')", "1 / 0", "[1, 2][5]", "undefined_nam
 
 def _notebook() -> nbformat.NotebookNode:
     v4 = nbformat.v4
-    cells = [v4.new_code_cell("%load_ext mfs_nb"), v4.new_code_cell("%mfs config window_tokens=8000")]
+    cells = [v4.new_code_cell("%load_ext mfs_nb"), v4.new_code_cell("%mfs config window_tokens=8000 fact_share=0.3")]
     for i in range(200):
         if i % 13 == 7:
             code = FAILING[i % len(FAILING)]
