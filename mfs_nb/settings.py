@@ -55,6 +55,11 @@ class Settings:
     warn_at: float = 0.85  # share of the usable window; may only be lowered (compaction earlier)
     hard_at: float = 0.95
 
+    @property
+    def compress_at(self) -> float:
+        """The compress line (a share of the usable window): halfway between the warn and hard lines."""
+        return (self.warn_at + self.hard_at) / 2
+
     def public(self) -> dict[str, Any]:
         """The settings as saved in the store and shown to the user (nothing secret in here)."""
         return asdict(self)

@@ -16,30 +16,26 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .. import budget
 from .. import segments as seg
 from ..events import Event
 
 
-def choose(raw: Sequence[Event], effective: int, emergency: bool = False,
-           small_ok: bool = False, keep: int | None = None) -> tuple[list[Event], str]:
+def choose(raw: Sequence[Event], effective: int, keep: int, emergency: bool = False,
+           small_ok: bool = False) -> tuple[list[Event], str]:
     """The cold range of `raw` (the events no segment covers), or ([], why not). `keep`: the raw
-    tail to keep, in tokens (the plan's floor when None)."""
+    tail to keep, in tokens (`CompactorState.keep_tail`)."""
     target_lo = min(seg.TARGET_MIN, int(0.1 * effective))
     min_tokens = 1 if emergency or small_ok else int(min(max(2_000, 2 * target_lo), 0.2 * effective))
-    if keep is None:
-        keep = budget.plan(effective).tail
     choice = seg.select_range(raw, 0 if emergency or small_ok else keep, min_tokens)
     if choice.start == choice.end:
         return [], choice.reason
     return list(raw[choice.start:choice.end]), ""
 
 
-def target(events: Sequence[Event], effective: int, block: int | None = None) -> int:
-    """Tokens the guide of `events` should take, for a segment block of `block` tokens (the plan's
-    when None)."""
+def target(events: Sequence[Event], block: int) -> int:
+    """Tokens the guide of `events` should take, for a segment block of `block` tokens (`budget.plan`)."""
     tokens = sum(seg.event_tokens(e) for e in events)
-    lo, hi = guide_bounds(budget.plan(effective).block if block is None else block)
+    lo, hi = guide_bounds(block)
     return max(lo, min(hi, tokens // 2))
 
 

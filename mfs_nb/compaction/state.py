@@ -23,9 +23,6 @@ if TYPE_CHECKING:
     from ..host import Host
 
 
-COMMIT_AT = 0.90  # the compress line (`usage.ContextProfile.compress`), where a pre-compaction is committed
-
-
 @dataclass
 class Pending:
     """A background pre-compaction: the snapshot it works on and, when done, its segment."""
@@ -193,7 +190,7 @@ class CompactorState:
     # -- the range -----------------------------------------------------------------------
     def choose(self, effective: int, emergency: bool = False, small_ok: bool = False) -> tuple[list[Event], str]:
         """The cold range (`coldrange.choose`) of what no segment covers yet."""
-        return coldrange.choose(self.raw(), effective, emergency, small_ok, self.keep_tail(effective))
+        return coldrange.choose(self.raw(), effective, self.keep_tail(effective), emergency, small_ok)
 
     def plan(self, effective: int) -> budget.Plan:
         """The window's budget under the session's settings (`budget.plan`)."""
@@ -204,13 +201,15 @@ class CompactorState:
         is committed — the layers in force, the segment to come (guide and fact list), the fact and
         user-verbatim tracks at their ceilings (a compaction fills them from the range it covers), and
         what arrives before the compress line when the range is chosen early — never under the plan's floor."""
-        p = self.plan(effective)
+        settings = self.host.settings()
+        p = budget.plan(effective, settings)
         view = self.host.view()
         if view is None:
             return p.tail
-        tracks = {"facts": p.facts, "verbatim": p.verbatim}
+        tracks = {"facts": p.facts, "verbatim": p.verbatim}  # at their ceilings, in the payload or not yet
+        kinds = {layer.kind for layer in view.layers}
         standing = sum(max(layer.tokens, tracks.get(layer.kind, 0)) for layer in view.layers if layer.kind != "raw")
-        standing += sum(v for k, v in tracks.items() if k not in {layer.kind for layer in view.layers})
+        standing += sum(v for k, v in tracks.items() if k not in kinds)
         segment = coldrange.guide_bounds(p.block)[1] + seg.fact_budget(effective)[1]
         usage = self.host.usage()
         if usage is None:
@@ -219,11 +218,11 @@ class CompactorState:
         # below the compress line (the pre-compaction at the warn line) is committed there, and what
         # arrives meanwhile joins the tail
         beyond = max(0, usage.tokens - sum(layer.tokens for layer in view.layers))
-        ahead = max(0, int(COMMIT_AT * effective) - usage.tokens)
+        ahead = max(0, int(settings.compress_at * effective) - usage.tokens)
         return max(p.tail, p.target - standing - beyond - segment - ahead)
 
     def target(self, events: Sequence[Event], effective: int) -> int:
-        return coldrange.target(events, effective, self.plan(effective).block)
+        return coldrange.target(events, self.plan(effective).block)
 
     # -- one compaction event ----------------------------------------------------------------
     def next_seq(self) -> int:

@@ -72,7 +72,7 @@ class CallPlan:
 
 
 def _profile(window: int, settings: Settings) -> ContextProfile:
-    return ContextProfile(window, warn=settings.warn_at, compress=(settings.warn_at + settings.hard_at) / 2,
+    return ContextProfile(window, warn=settings.warn_at, compress=settings.compress_at,
                           hard=settings.hard_at)
 
 
