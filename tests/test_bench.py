@@ -6,6 +6,8 @@ import json
 import re
 import textwrap
 
+import pytest
+
 from mfs_nb.bench.data import to_openai
 from mfs_nb.cli import main
 
@@ -189,6 +191,22 @@ def test_keyword_queries_keep_names_numbers_and_content_words_only():
     assert keyword_query("What was it?") == "What was it?"  # nothing left: the question as asked
 
 
+def test_a_payback_is_the_miss_over_what_the_payload_lost():
+    """Read from payloads alone: growth and a shrink that keeps the prefix are not misses; a payload
+    that changes after its first message and shrinks pays back its tail over what it lost."""
+    from mfs_nb.bench import budget
+    from mfs_nb.bench.sidebyside import Counter
+
+    sys_, a, b, c = ({"role": r, "content": t * 50} for r, t in
+                     (("system", "s "), ("user", "a "), ("assistant", "b "), ("user", "c ")))
+    summary = {"role": "user", "content": "sum "}
+    count = Counter()
+    assert budget.paybacks([[sys_, a], [sys_, a, b], [sys_, a]], count) == []  # growth, then a cut tail
+    (p,) = budget.paybacks([[sys_, a, b, c], [sys_, summary, c]], count)
+    miss, freed = count(summary) + count(c), count(a) + count(b) - count(summary)
+    assert p == pytest.approx(miss / freed) and 0 < p < 2
+
+
 def test_the_budget_suite_reads_both_strategies_from_what_they_sent():
     """The budget suite on a synthetic chat at 8k: both strategies compact, their figures come from
     their own payloads, and the same-size truncation is cut to mfs_nb's final payload."""
@@ -215,6 +233,7 @@ def test_the_budget_suite_reads_both_strategies_from_what_they_sent():
         assert r["compactions"] >= 1 and 0 < r["prefix"] < 1 and r["summarizer"] > 0
         assert r["calls"] == sum(m["role"] == "assistant" for m in messages)
         assert 0 <= r["raw_tail"] <= r["final_tokens"] <= 8_192 and r["answers"] is not None
+        assert r["payback"] is not None and 0 < r["payback"] < 40  # a compaction's miss pays back in a few calls
     equal = budget.same_size(messages, record, 8_192)
     assert equal["questions"] == 6  # the same size: the next older message would not have fitted
     assert equal["size"] - max(message_tokens(m) for m in messages) < equal["truncated"] <= equal["size"]

@@ -25,7 +25,27 @@ NAME = "budget"
 NEEDS = ("locomo", "claude_code_sessions")
 WINDOWS = (8_192, 32_768, 131_072)
 EQUAL_AT = 16_384  # the window of the same-size comparison with truncation
+PAYBACK_GATE = 40.0  # issue 15's consolidation gate, written here (not read from the engine it judges)
 PER = 100_000  # figures per this many tokens of new content
+
+
+def paybacks(payloads: list[list[dict[str, Any]]], count: Counter) -> list[float]:
+    """Each call whose payload no longer starts with the whole previous one and is smaller than it
+    (a compaction or a consolidation, read from the payloads): the calls it takes to pay its cache
+    miss back, tokens after the shared prefix ÷ tokens freed — the gate consolidation uses. Freed is
+    counted as the drop in payload size, less than what the call saved (its new message is in the
+    new payload), so the figure errs high."""
+    out = []
+    for prev, cur in zip(payloads, payloads[1:]):
+        shared = 0
+        for a, b in zip(prev, cur):
+            if a is not b and a != b:
+                break
+            shared += count(a)
+        before, after = sum(count(m) for m in prev), sum(count(m) for m in cur)
+        if shared < min(before, after) and after < before:
+            out.append((after - shared) / (before - after))
+    return out
 
 
 def run_mfs(messages: list[dict[str, Any]], window: int) -> dict[str, Any]:
@@ -77,6 +97,7 @@ def measure(messages: list[dict[str, Any]], window: int, conv: dict[str, Any] | 
         row = {**r, "calls": len(payloads), "content": content,
                "compactions_per": PER * r["compactions"] / content, "summarizer_per": PER * r["summarizer"] / content,
                "prefix": prefix_ratio(payloads, [False] * len(payloads), count),
+               "payback": max(paybacks(payloads, count), default=None),
                "final_tokens": sum(count(m) for m in final),
                "facts": atoms.score(facts.older(cut), payload).rate}
         if conv is not None:
@@ -114,6 +135,10 @@ def _joined(convs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[str
     return messages, {"messages": records, "questions": questions}
 
 
+def _calls(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f}"
+
+
 def _pct(x: float | None) -> str:
     return "—" if x is None else f"{x:.1%}"
 
@@ -136,7 +161,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                 metrics[f"{label}@{window}/{name}"] = r
                 rows.append([label, f"{window // 1024}k", name, r["calls"], f"{r['compactions_per']:.2f}",
                              f"{r['summarizer_per']:,.0f}", _pct(r["prefix"]), f"{r['raw_tail']:,}",
-                             f"{r['final_tokens']:,}", _pct(r["facts"]), _pct(r.get("answers"))])
+                             _calls(r["payback"]), f"{r['final_tokens']:,}", _pct(r["facts"]),
+                             _pct(r.get("answers"))])
     equal = same_size(joined, record, EQUAL_AT)
     metrics["same_size"] = equal
     return {
@@ -144,7 +170,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
         "tables": [
             {"caption": "Runs, per 100k tokens of new content (the transcript's tokens)",
              "columns": ["session", "window", "strategy", "calls", "compactions", "summarizer tokens (in + out)",
-                         "prefix ratio, all calls", "final raw tail", "final payload", "facts in context, older two "
+                         "prefix ratio, all calls", "final raw tail", "payback, worst (calls)", "final payload", "facts in context, older two "
                          "thirds", "LoCoMo answers in the final payload"],
              "rows": rows},
             {"caption": f"At {EQUAL_AT // 1024}k, the final payload against truncation to the same size: LoCoMo "
@@ -160,6 +186,9 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "reads and the summary it writes)",
             "prefix ratio, all calls: the leading messages a call shares with the previous one, as a share of the "
             "previous payload's tokens, averaged over every call (compactions included)",
+            "payback, worst: over the calls whose payload shrank and no longer starts with the whole previous one "
+            f"(compactions, consolidations), the largest tokens after the shared prefix ÷ tokens freed, in calls "
+            f"(consolidation's gate is {PAYBACK_GATE:.0f}); freed is the drop in payload size, so the figure errs high",
             "answers: a LoCoMo question (not category 5) counts when its answer stands in the markup-free "
             "payload on word boundaries (`sidebyside.evidence`)",
         ] + (["quick run: the first LoCoMo conversation at 8k and the smallest coding session at 32k"]
