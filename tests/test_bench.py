@@ -237,3 +237,40 @@ def test_the_budget_suite_reads_both_strategies_from_what_they_sent():
     equal = budget.same_size(messages, record, 8_192)
     assert equal["questions"] == 6  # the same size: the next older message would not have fitted
     assert equal["size"] - max(message_tokens(m) for m in messages) < equal["truncated"] <= equal["size"]
+
+
+def test_within_one_step_counts_the_payload_or_the_first_page_against_truncation_and_plain_bm25():
+    from mfs_nb.bench import onestep
+
+    docs = ["Alice: I adopted a cat named Miso", "Bob: nice weather", "Alice: the cat eats tuna every day"]
+    assert onestep.bm25_top(docs, "cat tuna") == [2, 0]  # no shared word, no rank
+    assert onestep.bm25_top(docs, "what does it eat") == []  # no stemming: "eat" is not "eats"
+    msgs = []
+    for i in range(300):
+        msgs.append({"id": f"D1:{2 * i}", "role": "user", "speaker": "Ann",
+                     "content": f"Day {i}: we stayed in town-{i} and paid {1000 + i} euros for the room."})
+        msgs.append({"id": f"D1:{2 * i + 1}", "role": "assistant", "speaker": "Bo",
+                     "content": "That sounds like a pleasant stop. " * 6})
+    conv = {"id": "c", "messages": msgs, "questions": [
+        {"question": "What did the room in town-2 cost?", "answer": "1002 euros", "category": 4, "evidence": ["D1:4"]},
+        {"question": "What did the room in town-299 cost?", "answer": "1299 euros", "category": 4,
+         "evidence": ["D1:598"]},
+        {"question": "Is this a trap?", "answer": "no", "category": 5, "evidence": ["D1:0"]},  # adversarial: left out
+        {"question": "Missing evidence?", "answer": "x", "category": 1, "evidence": ["D9:9"]}]}
+    asked: list[str] = []
+
+    def search(query: str) -> list[int]:  # the early turn: 2nd hit as asked, 9th (past the page) as keywords
+        asked.append(query)
+        if "town-2 " in query:
+            return [0, 4]
+        return [10, 11, 12, 13, 14, 15, 16, 17, 4] if "TOWN-2 " in query else []
+
+    rows = onestep.measure(conv, search, window=8_192, keywords=lambda q: q.upper())
+    assert [r["category"] for r in rows] == ["4", "4"] and len(asked) == 4
+    early, late = rows
+    assert early["search"] and not early["search_keywords"] and not early["truncate"]
+    assert late["payload"] and late["truncate"] and not late["search"]
+    assert early["bm25"]  # "town-2" and "room" are words of the evidence turn
+    r = onestep.rates(rows)
+    assert r["questions"] == 2 and r["mfs_nb"] == 1.0 and r["truncate"] == 0.5
+    assert r["mfs_nb_keywords"] == 0.5 + 0.5 * early["payload"] and r["truncate_bm25"] == 1.0

@@ -44,6 +44,7 @@ from ..index import INDEX_FIELDS, latent_row, rows_for_events
 from ..llm import Completion
 from ..session import Session
 from ..store import ANN_MIN_ROWS, Store
+from . import onestep
 from .data import Data
 
 NAME = "recall"
@@ -154,12 +155,14 @@ def _evaluate(s: Session, queries: Sequence[Query], keywords: bool = False) -> d
     return out
 
 
-def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, int]:
-    """Evidence retrieval on LoCoMo; returns (scores, embedding seconds, turns embedded)."""
+def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, int, list[dict[str, Any]]]:
+    """Evidence retrieval on LoCoMo; returns (scores, embedding seconds, turns embedded, each question
+    within one step or not: `onestep.measure`)."""
     store = Store(root / "locomo")
     limit = int(os.environ.get("MFS_BENCH_LOCOMO_CONVERSATIONS") or 0) or None
     convs = data.get("locomo")[:1] if quick else data.get("locomo")[:limit]
     queries_by: list[tuple[Session, list[Query]]] = []
+    within: list[dict[str, Any]] = []
     index_s, turns_n = 0.0, 0
     for conv in convs:
         messages = conv["messages"][:80] if quick else conv["messages"]
@@ -177,12 +180,18 @@ def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, 
             if ev and len(ev) == len(q["evidence"]):
                 qs.append((q["question"], ev, CATEGORIES.get(q["category"], str(q["category"])), None))
         queries_by.append((s, qs[:15] if quick else qs))
+        within += onestep.measure({**conv, "messages": messages}, _page(s), keywords=keyword_query)
     merged: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     for s, qs in queries_by:
         for method, groups in _evaluate(s, qs, keywords=True).items():
             for group, scores in groups.items():
                 merged[method][group] += scores
-    return merged, index_s, turns_n
+    return merged, index_s, turns_n, within
+
+
+def _page(s: Session) -> Any:
+    """recall_search's first page for a query, as message indices (uid − 1 in these sessions)."""
+    return lambda query: [h.uid - 1 for h in s.search(query, onestep.PAGE) if h.kind == "event"]
 
 
 def chinese(data: Data, root: Path, quick: bool) -> dict[str, Any]:
@@ -309,7 +318,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     """Evidence retrieval: LoCoMo per category, and the Chinese set."""
     with tempfile.TemporaryDirectory(prefix="mfs-recall-", ignore_cleanup_errors=True) as tmp:
         root = Path(tmp)
-        en, index_s, turns_n = locomo(data, root, quick)
+        en, index_s, turns_n, within = locomo(data, root, quick)
         zh = chinese(data, root, quick)
     keys = ("r@1", "r@5", "r@10", "hit@10", "mrr")
     rows = []
@@ -324,6 +333,14 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     metrics |= {f"zh_{m}_{k}": round(_mean(zh[m]["all"], k), 4) for m, _ in METHODS for k in keys}
     metrics |= {f"locomo_keywords_{k}": round(_mean(en[KEYWORDS]["all"], k), 4) for k in keys}
     metrics["embed_ms_per_turn"] = round(1000 * index_s / max(turns_n, 1), 1)
+    one_rows = []
+    for group in ["all", *[c for k, c in CATEGORIES.items() if k != 5]]:
+        rows_in = [r for r in within if group == "all" or CATEGORIES.get(int(r["category"])) == group]
+        if rows_in:
+            r = onestep.rates(rows_in)
+            one_rows.append([group, r["questions"], *(f"{r[k]:.1%}" for k in
+                             ("mfs_nb", "mfs_nb_keywords", "mfs_nb_payload", "truncate", "truncate_bm25"))])
+    metrics |= {f"onestep_{k}": round(v, 4) for k, v in onestep.rates(within).items()}
     n_convs = len(data.get("locomo")[:1] if quick else data.get("locomo")[:int(os.environ.get(
         "MFS_BENCH_LOCOMO_CONVERSATIONS") or 0) or None])
     return {
@@ -333,6 +350,10 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                         "(r@k: share of a question's evidence turns in the top k; hit@10: the question has an "
                         "evidence turn in the top 10)", "columns": ["category", "method", "questions", *keys],
              "rows": rows},
+            {"caption": f"Answers within one step of the model, LoCoMo at {onestep.WINDOW // 1024}k: the answer in the "
+                        "final payload, or an evidence turn in one search's first page (same payload size for all)",
+             "columns": ["category", "questions", "mfs_nb", "mfs_nb, keyword queries", "mfs_nb, payload alone",
+                         "truncate", f"truncate + BM25 top {onestep.BM25_K}"], "rows": one_rows},
             {"caption": "Chinese: CrossWOZ entity recall (built deterministically, see the module doc)",
              "columns": ["set", "method", "queries", *keys], "rows": zh_rows},
         ],
@@ -351,6 +372,12 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             f"{KEYWORDS}: the same hybrid search on the question cut to its names, numbers and content words "
             "(question words and filler left out by the harness's own word list, as a model writes a tool query), "
             "e.g. 'When did Caroline go to the LGBTQ support group?' -> 'Caroline LGBTQ support group'",
+            f"within one step (`bench/onestep.py`): mfs_nb's final payload after the conversation is replayed at "
+            f"{onestep.WINDOW:,} tokens, or an evidence turn among the {onestep.PAGE} hits of recall_search's first "
+            "page (its default k; hybrid search on the question as asked, or on its keywords); truncate: the newest "
+            "messages that fit mfs_nb's final payload size; + BM25: or an evidence turn in a plain BM25's top "
+            f"{onestep.BM25_K} over the log's turns (the harness's own, no stemming); answers on word boundaries in "
+            "the markup-free payload; adversarial questions left out",
             "full text: LanceDB native FTS, a word index (English stemming) on the text and a character 2-3-gram "
             "index on its CJK runs",
             "the benchmark indexes in the foreground in batches of 64 and leaves out the user messages' plain vectors "

@@ -1,0 +1,121 @@
+"""Answers within one step of the model (issue 44): a LoCoMo question counts when its answer stands
+in the final payload, or when one of its evidence turns is among the hits one search returns — what
+a model has in front of it, or one tool call away. Run inside the `recall` suite, which has the
+conversations indexed already.
+
+Three ways, each at the same payload size (mfs_nb's final payload at `WINDOW`):
+
+- **mfs_nb**: its final payload after the conversation is replayed at `WINDOW`, or an evidence turn
+  in the first page of `recall_search` (its default of `PAGE` hits, hybrid search on the log).
+- **truncate**: the newest messages that fit the same number of tokens.
+- **truncate + BM25**: the same payload, or an evidence turn in the top `BM25_K` of a plain BM25
+  over the log — the simplest retrieval a user could put beside a chat (`bm25_top`, written here,
+  not the engine's full text).
+
+Answers are matched on word boundaries in the markup-free payload (`atoms.Payload`), never by the
+engine's code.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..replay import normalise, replay
+from ..tokens import message_tokens
+from . import atoms, baselines
+from .data import to_openai
+
+WINDOW = 16_384  # the payload both sides are measured at
+PAGE = 8  # recall_search's default k: the hits one call returns
+BM25_K = 10  # the plain retrieval's top k
+K1, B = 1.2, 0.75  # BM25's usual constants
+
+_WORD = re.compile(r"\w+")
+
+
+def bm25_top(docs: Sequence[str], query: str, k: int = BM25_K) -> list[int]:
+    """Indices of the `k` documents a plain BM25 ranks first for `query` (lower-cased words, no
+    stemming, no stop list; ties by position)."""
+    tokenised = [_WORD.findall(d.lower()) for d in docs]
+    avg = sum(map(len, tokenised)) / max(len(tokenised), 1)
+    df: Counter[str] = Counter()
+    for words in tokenised:
+        df.update(set(words))
+    terms = set(_WORD.findall(query.lower()))
+    n = len(docs)
+    scores = []
+    for i, words in enumerate(tokenised):
+        tf = Counter(w for w in words if w in terms)
+        score = 0.0
+        for t, f in tf.items():
+            idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+            score += idf * f * (K1 + 1) / (f + K1 * (1 - B + B * len(words) / max(avg, 1e-9)))
+        if score > 0:
+            scores.append((-score, i))
+    return [i for _, i in sorted(scores)[:k]]
+
+
+def questions(conv: dict[str, Any]) -> list[tuple[str, str, set[int], str]]:
+    """(question, answer, evidence message indices, category) of every question with an answer and all
+    its evidence in the conversation, the adversarial category left out (it has no answer to find)."""
+    index = {m["id"]: i for i, m in enumerate(conv["messages"])}
+    out = []
+    for q in conv["questions"]:
+        ev = [index.get(e) for e in q.get("evidence") or ()]
+        if not ev or None in ev or q.get("answer") is None or q.get("category") == 5:
+            continue
+        out.append((q["question"], str(q["answer"]), {i for i in ev if i is not None}, str(q.get("category"))))
+    return out
+
+
+def truncated(messages: Sequence[dict[str, Any]], size: int) -> list[dict[str, Any]]:
+    """The system prompt and the newest messages that fit `size` tokens."""
+    used, start = message_tokens(baselines.SYSTEM), len(messages)
+    while start > 0 and used + message_tokens(messages[start - 1]) <= size:
+        start -= 1
+        used += message_tokens(messages[start])
+    return [baselines.SYSTEM, *messages[start:]]
+
+
+def final_payload(messages: list[dict[str, Any]], window: int = WINDOW) -> list[dict[str, Any]]:
+    """mfs_nb's payload for the last call of the conversation replayed at `window`."""
+    payloads: list[list[dict[str, Any]]] = []
+    replay(normalise(messages), window=window, on_call=lambda session, plan: payloads.append(plan.view.messages))
+    return payloads[-1] if payloads else []
+
+
+def measure(conv: dict[str, Any], search: Callable[[str], list[int]], window: int = WINDOW,
+            keywords: Callable[[str], str] = str) -> list[dict[str, Any]]:
+    """Per question: the answer in mfs_nb's final payload, an evidence turn in `search`'s page (message
+    indices of the hits, at most `PAGE` read) for the question as asked and for `keywords` of it (the
+    query a model writes), the answer in truncation's payload of the same size, an evidence turn in
+    BM25's top 10 for the question as asked."""
+    messages = to_openai(conv["messages"])
+    qs = questions(conv)
+    ours = final_payload(messages, window)
+    size = sum(message_tokens(m) for m in ours)
+    facts = atoms.fact_set(messages, len(messages))
+    mine, theirs = atoms.Payload(ours, facts), atoms.Payload(truncated(messages, size), facts)
+    docs = [f"{m.get('speaker', m['role'])}: {m['content']}" for m in conv["messages"]]
+    out = []
+    for question, answer, evidence, category in qs:
+        out.append({"category": category, "payload": mine.present(answer),
+                    "search": bool(evidence & set(search(question)[:PAGE])),
+                    "search_keywords": bool(evidence & set(search(keywords(question))[:PAGE])),
+                    "truncate": theirs.present(answer), "bm25": bool(evidence & set(bm25_top(docs, question)))})
+    return out
+
+
+def rates(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The shares of questions each way has within one step."""
+    n = max(len(rows), 1)
+    return {"mfs_nb": sum(r["payload"] or r["search"] for r in rows) / n,
+            "mfs_nb_keywords": sum(r["payload"] or r["search_keywords"] for r in rows) / n,
+            "mfs_nb_payload": sum(r["payload"] for r in rows) / n,
+            "truncate": sum(r["truncate"] for r in rows) / n,
+            "truncate_bm25": sum(r["truncate"] or r["bm25"] for r in rows) / n,
+            "questions": len(rows)}
