@@ -20,16 +20,11 @@ What the user pinned and what the user wrote come first: the knowledge slot and 
 track get their claims, within half of the standing share (`FIRST`; the track gives way at a small
 window); the segment block and the fact track split what is left in proportion to their claims
 (the block's is `BLOCK_CLAIM`). Turning a layer off leaves its room to the others, up to their claims.
-
-The fact track and the user-verbatim track then share their two ceilings (`share_tracks`): a track
-that needs less than its ceiling leaves the rest to the other; when both are full, the one whose
-next line is older gives way, line by line from its oldest kept, down to `TRACK_FLOOR` of its ceiling.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +34,6 @@ FIRST = 0.5  # the knowledge slot and the user-verbatim track take at most this 
 SMALL, LARGE = 6_000, 26_000  # usable windows (≈ 8k and ≈ 32k windows) where the share stops changing
 TARGET = 0.55  # a compaction goes on until the payload is under this share of the usable window
 TAIL_MIN = 0.10  # the raw tail a compaction keeps is never under this share
-TRACK_FLOOR = 0.5  # a track that gives way to the other keeps at least this share of its ceiling
-TRACK_OVERHEAD = 60  # a track's caption and its note on what it left, in tokens
 CAPS = {"block": 40_000, "facts": 12_000, "verbatim": 16_000, "knowledge": 8_000}  # tokens, at any window
 
 
@@ -94,48 +87,6 @@ def plan(effective: int, settings: Any = None) -> Plan:
     target = int(TARGET * effective)
     tail = max(int(TAIL_MIN * effective), target - standing)
     return Plan(effective, sizes["block"], sizes["facts"], verbatim, knowledge, tail, target)
-
-
-def _fit(lines: Sequence[tuple[int, int]], room: int) -> int:
-    """How many of the leading `lines` ((age, tokens), in the order a track keeps them) fit `room`."""
-    used = 0
-    for n, (_, cost) in enumerate(lines):
-        used += cost
-        if used > room:
-            return n
-    return len(lines)
-
-
-def share_tracks(facts: int, verbatim: int, fact_lines: Sequence[tuple[int, int]],
-                 user_lines: Sequence[tuple[int, int]]) -> tuple[int, int]:
-    """The fact track's and the user-verbatim track's budgets within their two ceilings together.
-
-    Each list holds a track's candidate lines as (age, tokens) in the order the track keeps them;
-    age is the newest uid a line stands for (a later mention makes a fact line younger). A track
-    that needs less than its ceiling leaves the rest to the other. When both are full, the track
-    whose next line (the first it cannot keep) is older gives way: the other takes the tokens of its
-    oldest kept lines, one at a time, while its own next line is younger than that line and the
-    giver keeps `TRACK_FLOOR` of its ceiling. Either ceiling at 0 (a layer off) shares nothing."""
-    if facts <= 0 or verbatim <= 0:
-        return facts, verbatim
-    need_f = sum(c for _, c in fact_lines) + TRACK_OVERHEAD
-    need_v = sum(c for _, c in user_lines) + TRACK_OVERHEAD
-    if need_f <= facts or need_v <= verbatim:
-        return facts + max(verbatim - need_v, 0), verbatim + max(facts - need_f, 0)
-    budgets = {"f": facts, "v": verbatim}
-    lines = {"f": fact_lines, "v": user_lines}
-    kept = {k: _fit(lines[k], budgets[k] - TRACK_OVERHEAD) for k in budgets}
-    taker, giver = ("f", "v") if lines["f"][kept["f"]][0] > lines["v"][kept["v"]][0] else ("v", "f")
-    floor = TRACK_FLOOR * budgets[giver]
-    while kept[giver] and kept[taker] < len(lines[taker]):
-        age, cost = lines[giver][kept[giver] - 1]
-        if lines[taker][kept[taker]][0] <= age or budgets[giver] - cost < floor:
-            break
-        budgets[giver] -= cost
-        budgets[taker] += cost
-        kept[giver] -= 1
-        kept[taker] = _fit(lines[taker], budgets[taker] - TRACK_OVERHEAD)
-    return budgets["f"], budgets["v"]
 
 
 def table(windows: tuple[int, ...] = (8_192, 16_384, 32_768, 131_072, 200_000, 1_000_000)) -> list[list[str]]:

@@ -315,23 +315,6 @@ class VerbatimTrack:
                            origin.first_line(event.content))
 
     # -- the track ---------------------------------------------------------------------------
-    def _entries(self, upto: int) -> tuple[list[tuple[int, str]], str]:
-        """The track's entries for user messages up to `upto`, oldest first, and their language."""
-        self.classify_pending(upto)
-        from .lang import header_language
-
-        users = [e for e in self.host.events() if e.role == "user" and e.uid <= upto]
-        language = header_language(users)
-        return ([(e.uid, origin.render_entry(e.uid, self.verdicts[e.uid], language)) for e in users
-                 if e.uid in self.verdicts], language)
-
-    def lines(self, upto: int) -> list[tuple[int, int]]:
-        """The track's candidate lines as (uid, tokens), newest first: the order it keeps them in
-        (`budget.share_tracks` weighs them against the fact track's)."""
-        if upto <= 0:
-            return []
-        return [(uid, estimate_tokens(line) + 2) for uid, line in reversed(self._entries(upto)[0])]
-
     def build(self, upto: int, budget: int) -> origin.Track | None:
         """The track for user messages up to `upto` within `budget` tokens (cached per pair)."""
         key = (upto, budget)
@@ -340,7 +323,13 @@ class VerbatimTrack:
         if budget <= 0 or upto <= 0:
             track = None
         else:
-            entries, language = self._entries(upto)
+            self.classify_pending(upto)
+            from .lang import header_language
+
+            users = [e for e in self.host.events() if e.role == "user" and e.uid <= upto]
+            language = header_language(users)
+            entries = [(e.uid, origin.render_entry(e.uid, self.verdicts[e.uid], language)) for e in users
+                       if e.uid in self.verdicts]
             track = origin.build_track(entries, upto, budget, estimate_tokens, language)
         self._built = (key, track)
         return track

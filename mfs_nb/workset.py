@@ -402,17 +402,11 @@ def dropped_note(dropped: Sequence[Line], language: str = "") -> str:
     return lang.text("facts_dropped", language, lo=lo, hi=hi, what=what)
 
 
-def keep_order(lines: Iterable[Line]) -> list[Line]:
-    """The order `budget` keeps lines in: errors first, then commands and decisions, paths, numbers;
-    within a kind the newest."""
-    return sorted(lines, key=lambda x: (x.kind, -x.newest))
-
-
 def budget(lines: Sequence[Line], max_tokens: int, max_lines: int | None = None, language: str = "") -> Budgeted:
     """Keep lines within `max_tokens` (and `max_lines`): errors first, then commands and decisions,
     paths, numbers; within a kind the newest. The note for what is dropped is paid for first.
     `language`: of the rendered labels (lang.py)."""
-    order = keep_order(lines)
+    order = sorted(lines, key=lambda x: (x.kind, -x.newest))
     reserve = 40 if len(lines) else 0
     kept: list[Line] = []
     tokens = len(GROUPS) * 4 + reserve
@@ -451,23 +445,6 @@ def caption(upto: int, language: str = "") -> str:
     return lang.text("fact_caption", language, upto=upto)
 
 
-def _candidates(events: Sequence[Event], text_upto: int, tool_upto: int, skip_uids: Iterable[int],
-                shown_text: str) -> tuple[list[Line], str]:
-    scope = [e for e in events if e.uid <= max(text_upto, tool_upto)]
-    return (without_shown(lines_of(scope, text_upto, tool_upto, skip_uids), shown_text),
-            lang.header_language(scope))
-
-
-def fact_lines(events: Sequence[Event], text_upto: int, tool_upto: int, skip_uids: Iterable[int],
-               shown_text: str = "") -> list[tuple[int, int]]:
-    """The fact track's candidate lines as (age, tokens) in the order it keeps them, where age is
-    the newest uid a line stands for (`budget.share_tracks` weighs them against the user track's)."""
-    if max(text_upto, tool_upto) <= 0:
-        return []
-    lines, language = _candidates(events, text_upto, tool_upto, skip_uids, shown_text)
-    return [(x.newest, estimate_tokens(x.render(language)) + 2) for x in keep_order(lines)]
-
-
 def fact_track(events: Sequence[Event], text_upto: int, tool_upto: int, skip_uids: Iterable[int], max_tokens: int,
                shown_text: str = "") -> FactTrack | None:
     """Text lines of user and assistant messages up to `text_upto` (the compacted history) and tool
@@ -477,7 +454,9 @@ def fact_track(events: Sequence[Event], text_upto: int, tool_upto: int, skip_uid
     upto = max(text_upto, tool_upto)
     if max_tokens <= 0 or upto <= 0:
         return None
-    lines, language = _candidates(events, text_upto, tool_upto, skip_uids, shown_text)
+    scope = [e for e in events if e.uid <= upto]
+    lines = without_shown(lines_of(scope, text_upto, tool_upto, skip_uids), shown_text)
+    language = lang.header_language(scope)
     head = caption(upto, language)
     kept = budget(lines, max_tokens - estimate_tokens(head), language=language)
     if not kept.lines:

@@ -82,39 +82,3 @@ def test_a_compaction_ends_near_the_target_and_keeps_the_rest_raw(store_dir):
     view = s.send_view()
     raw = sum(x.tokens for x in view.layers if x.kind == "raw")
     assert raw >= p.tail * 0.8  # the raw tail kept is at least about the plan's floor
-
-
-def test_the_two_tracks_share_their_ceilings_and_the_older_next_line_gives_way():
-    # a track that needs less than its ceiling leaves the rest to the other
-    assert budget.share_tracks(1_000, 1_000, [(5, 100)], [(9, 50)] * 40) == (1_000, 1_000 + 1_000 - 160)
-    assert budget.share_tracks(1_000, 1_000, [(5, 50)] * 40, []) == (1_000 + 1_000 - 60, 1_000)
-    assert budget.share_tracks(0, 1_000, [(5, 50)] * 40, []) == (0, 1_000)  # a layer off shares nothing
-    # both full: the user track's next line (uid 80) is younger than the fact track's (uid 10)
-    facts = [(10, 100)] * 20
-    users = [(100 - i, 100) for i in range(30)]
-    f, v = budget.share_tracks(1_000, 1_000, facts, users)
-    assert f + v == 2_000 and v > 1_000 and f >= budget.TRACK_FLOOR * 1_000
-    # the other way round: the fact lines are younger, the user track gives way
-    f, v = budget.share_tracks(1_000, 1_000, [(500, 100)] * 20, users)
-    assert f + v == 2_000 and f > 1_000 and v >= budget.TRACK_FLOOR * 1_000
-    # a taker whose next line is no younger than the giver's oldest kept line takes nothing: the user
-    # track keeps uids 100…92 and would give up 92 next; a fact line of age 92 does not win it
-    assert budget.share_tracks(1_000, 1_000, [(92, 100)] * 20, users) == (1_000, 1_000)
-
-
-def test_a_session_whose_user_says_little_gives_the_fact_track_the_user_tracks_room(store_dir):
-    """Short user messages, replies full of facts: the fact track grows past its own ceiling into the
-    room the user track leaves, and the two together stay within their two ceilings."""
-    replies = [f"Ran `make test-{i}` in /srv/app/mod{i}/: {400 + i} passed, exit code {i % 3}; "
-               f"the cache at /var/cache/build-{i} holds {70 + i} MB. " + "All of that is as expected. " * 20
-               for i in range(120)]
-    s = Session("share", store=store_dir, window_tokens=16_384, llm=FakeLLM(script=list(replies)),
-                background_compaction=False)
-    for i in range(120):
-        s.chat(f"next {i}")
-    p = s.plan()
-    view = s.send_view()
-    tokens = {x.kind: x.tokens for x in view.layers}
-    assert s.compactor.covered_to > 0 and "facts" in tokens
-    assert tokens["facts"] > p.facts
-    assert tokens["facts"] + tokens.get("verbatim", 0) <= p.facts + p.verbatim

@@ -91,7 +91,6 @@ class SessionBase:
     _quiet: Quiet
     _raw_cache: RawCache
     _fact_cache: tuple[Any, FactTrack | None] | None
-    _share_cache: tuple[Any, tuple[int, int]] | None
 
 
     def _check_log_intact(self) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import budget, clearing, lang
+from .. import clearing, lang
 from ..clearing import Clearing
 from ..segments import Segment
 from ..tokens import message_tokens
 from ..usage import Usage
 from ..view import SendView, project
-from ..workset import FactTrack, fact_lines, fact_track
+from ..workset import FactTrack, fact_track
 from .base import SessionBase
 from .parts import shared_prefix_tokens
 
@@ -49,42 +49,22 @@ class Projection(SessionBase):
         upto = self.compactor.covered_to
         state = clearing or self.clearing_state()
         tool_upto = max(upto, max(state.clear_before, state.prune_before) - 1)
-        room = self.track_budgets()[0]
+        budget = self.plan().facts
         segments = self.compactor.segments
         kept = tuple(track.kept) if track is not None else ()
-        key = (upto, tool_upto, tuple(x.id for x in segments), room, kept)
+        key = (upto, tool_upto, tuple(x.id for x in segments), budget, kept)
         if self._fact_cache is not None and self._fact_cache[0] == key:
             return self._fact_cache[1]
         built = None
-        if (upto or tool_upto > 0) and room:
-            built = fact_track(self._events, upto, tool_upto, kept, room, "\n".join(x.render() for x in segments))
+        if (upto or tool_upto > 0) and budget:
+            built = fact_track(self._events, upto, tool_upto, kept, budget, "\n".join(x.render() for x in segments))
         self._fact_cache = (key, built)
         return built
 
     def track(self) -> Any:
         """The user-verbatim track in force: user messages the segments cover, within its budget."""
-        return self.verbatim.build(self.compactor.covered_to, self.track_budgets()[1])
-
-    def track_budgets(self) -> tuple[int, int]:
-        """The fact track's and the user-verbatim track's budgets: their two ceilings in the plan,
-        shared by the age of their lines (`budget.share_tracks`). Changes only where the tracks'
-        inputs do (compaction and clearing events)."""
-        plan = self.plan()
-        upto = self.compactor.covered_to
-        state = self.clearing_state()
-        tool_upto = max(upto, max(state.clear_before, state.prune_before) - 1)
-        segments = self.compactor.segments
-        key = (upto, tool_upto, tuple(x.id for x in segments), plan.facts, plan.verbatim)
-        if self._share_cache is not None and self._share_cache[0] == key:
-            return self._share_cache[1]
-        shared = plan.facts, plan.verbatim
-        if (upto > 0 or tool_upto > 0) and plan.facts > 0 and plan.verbatim > 0:
-            full = self.verbatim.build(upto, plan.verbatim)
-            facts = fact_lines(self._events, upto, tool_upto, full.kept if full is not None else (),
-                               "\n".join(x.render() for x in segments))
-            shared = budget.share_tracks(plan.facts, plan.verbatim, facts, self.verbatim.lines(upto))
-        self._share_cache = (key, shared)
-        return shared
+        budget = self.plan().verbatim
+        return self.verbatim.build(self.compactor.covered_to, budget)
 
     def clearing_state(self) -> Clearing:
         """Where S2 acts in the send view now: trim size from the window, boundaries from the ledger."""

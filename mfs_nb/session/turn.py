@@ -132,7 +132,6 @@ class Session(Memory):
             self.indexer.kick()  # a restart resumes indexing where it stopped
         self._raw_cache = RawCache()
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
-        self._share_cache: tuple[Any, tuple[int, int]] | None = None
         if warm_up_enabled() and self._injected_llm is None:  # the embedding gate off the chat turns
             from ..track import warm_gate_in_background
 
