@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any
 
-from . import budget, lang, workset
+from . import lang, workset
 from .events import Event
 from .facts import tool_digest
 from .lang import conversation_language, header_language
@@ -193,20 +193,21 @@ FACT_LINES, FACT_TOKENS = 40, 2_400  # a segment's fact list at most ("Segments 
 FACT_BLOCK = 1 / 8  # …and at most this share of the segment block's budget (`budget.plan`), so it holds several
 
 
-def fact_budget(effective: int | None) -> tuple[int, int]:
+def fact_budget(block: int | None) -> tuple[int, int]:
     """(lines, tokens) of one segment's fact list: 40 lines / 2,400 tokens, scaled down with
-    the segment block of small windows. Lines a segment leaves out stay in the session's fact track."""
-    if not effective:
+    the segment block's budget (`block`, the session's `budget.plan(...).block`; None: no window
+    known) at small windows. Lines a segment leaves out stay in the session's fact track."""
+    if not block:
         return FACT_LINES, FACT_TOKENS
-    tokens = max(100, min(FACT_TOKENS, int(FACT_BLOCK * budget.plan(effective).block)))
+    tokens = max(100, min(FACT_TOKENS, int(FACT_BLOCK * block)))
     return max(3, min(FACT_LINES, tokens // 45)), tokens
 
 
-def fact_list(events: Sequence[Event], effective: int | None = None) -> workset.Budgeted:
+def fact_list(events: Sequence[Event], block: int | None = None) -> workset.Budgeted:
     """The verbatim fact list of a range (docs/architecture.md, "Segments (S3)"): its working set —
     errors seen, commands run, files touched, what the user and the assistant said — within `fact_budget`,
     the same lines the session's fact track would show, labelled in the range's header language."""
-    lines, tokens = fact_budget(effective)
+    lines, tokens = fact_budget(block)
     return workset.budget(workset.lines_of(events), tokens, lines, header_language(events))
 
 
@@ -239,9 +240,10 @@ def topic_keywords(events: Sequence[Event], n: int = 5) -> str:
     return ", ".join([t for t in ranked if not lang.has_cjk(t)][:n])
 
 
-def build(segment_id: int, events: Sequence[Event], prose: str | None, effective: int | None = None) -> Segment:
-    """A segment for `events`: the given prose, or the degraded guide when prose is None."""
-    facts = fact_list(events, effective)
+def build(segment_id: int, events: Sequence[Event], prose: str | None, block: int | None = None) -> Segment:
+    """A segment for `events`: the given prose, or the degraded guide when prose is None; its fact
+    list within `fact_budget(block)`."""
+    facts = fact_list(events, block)
     degraded = prose is None
     body = degraded_prose(events, facts.language) if degraded else prose
     seg = Segment(segment_id, events[0].uid, events[-1].uid, body or "", facts.render(), 0, degraded, 0,
@@ -250,10 +252,10 @@ def build(segment_id: int, events: Sequence[Event], prose: str | None, effective
 
 
 def merged(segment_id: int, members: Sequence[Segment], events: Sequence[Event], prose: str, level: int,
-           effective: int | None = None) -> Segment:
+           block: int | None = None) -> Segment:
     """A consolidated segment: the members' union range, `prose` (the merged guide), the union
-    range's working set as its fact list, one level deeper (`level`)."""
-    facts = fact_list(events, effective)
+    range's working set as its fact list (within `fact_budget(block)`), one level deeper (`level`)."""
+    facts = fact_list(events, block)
     new = Segment(segment_id, members[0].uid_from, members[-1].uid_to, prose, facts.render(), level, False, 0,
                   covered_hash(events), topic_keywords(events), facts.language)
     return Segment(**{**new.to_json(), "tokens": estimate_tokens(new.render()) + 4})

@@ -82,3 +82,22 @@ def test_a_compaction_ends_near_the_target_and_keeps_the_rest_raw(store_dir):
     view = s.send_view()
     raw = sum(x.tokens for x in view.layers if x.kind == "raw")
     assert raw >= p.tail * 0.8  # the raw tail kept is at least about the plan's floor
+
+
+def test_a_segments_fact_list_follows_the_sessions_own_plan(store_dir):
+    """A smaller fact track leaves the block more room (`budget.plan`), and a segment's fact list, an
+    eighth of the block, reads the session's plan rather than the default one."""
+    from mfs_nb import segments as seg
+
+    s = Session("fb", store=store_dir, window_tokens=16_384, llm=FakeLLM(default="Noted, that is done. " * 40),
+                fact_share=0.05, background_compaction=False)
+    eff = s.usage().effective
+    mine, default = s.plan().block, budget.plan(eff).block
+    assert seg.fact_budget(mine)[0] > seg.fact_budget(default)[0]
+    for i in range(60):  # short lines, so the fact list's line cap (tokens ÷ 45) decides how many it keeps
+        s.chat(f"ran `make b{i}`")
+    if not s.compactor.segments:
+        s.compact()
+    first = s.compactor.segments[0]
+    lines = [x for x in first.facts.splitlines() if x.startswith("- ")]
+    assert seg.fact_budget(default)[0] < len(lines) <= seg.fact_budget(mine)[0]

@@ -85,7 +85,7 @@ class SegmentMaking(CompactorState):
             info["breaker"] = self.breaker.failed()
         elif prose is not None:
             self.breaker.succeeded()
-        segment = seg.build(seq, events, prose, effective)
+        segment = seg.build(seq, events, prose, self.plan(effective).block)
         self.rows.complete(seq, segment, info, degraded=segment.degraded)
         return segment, info
 
@@ -115,7 +115,7 @@ class SegmentMaking(CompactorState):
             self.breaker.failed()
             return None
         self.breaker.succeeded()
-        new = seg.build(old.id, events, prose, effective)
+        new = seg.build(old.id, events, prose, self.plan(effective).block)
         if new.tokens >= old.tokens or new.covered_hash != old.covered_hash:
             return None
         self.upgrade_done = True
@@ -162,7 +162,7 @@ class SegmentMaking(CompactorState):
         seq = self.next_seq()
         self.rows.start(seq, trigger=reason, tier=tier, uid_from=events[0].uid, uid_to=events[-1].uid,
                         fallback="not_smaller")
-        digest = seg.build(seq, events, None, effective)
+        digest = seg.build(seq, events, None, self.plan(effective).block)
         error = f"the summary would not make the payload smaller ({now} → {then} tokens)"
         self.rows.complete(seq, digest, {"envelope": None, "error": error}, degraded=True)
         return seq, digest, {"fallback": True, "error": error, "llm_tokens": 0}

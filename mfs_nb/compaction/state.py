@@ -210,7 +210,7 @@ class CompactorState:
         kinds = {layer.kind for layer in view.layers}
         standing = sum(max(layer.tokens, tracks.get(layer.kind, 0)) for layer in view.layers if layer.kind != "raw")
         standing += sum(v for k, v in tracks.items() if k not in kinds)
-        segment = coldrange.guide_bounds(p.block)[1] + seg.fact_budget(effective)[1]
+        segment = coldrange.guide_bounds(p.block)[1] + seg.fact_budget(p.block)[1]
         usage = self.host.usage()
         if usage is None:
             return max(p.tail, p.target - standing - segment)
