@@ -17,7 +17,7 @@ from typing import Any
 
 from ..replay import normalise, replay
 from ..tokens import message_tokens
-from . import atoms, baselines
+from . import atoms, baselines, onestep
 from .data import Data, to_openai
 from .sidebyside import Counter, evidence, prefix_ratio
 
@@ -109,15 +109,11 @@ def measure(messages: list[dict[str, Any]], window: int, conv: dict[str, Any] | 
 def same_size(messages: list[dict[str, Any]], conv: dict[str, Any], window: int) -> dict[str, Any]:
     """mfs_nb's final payload at `window` against the newest messages that fit the same number of
     tokens (truncation at equal size): the share of questions whose answer each holds."""
-    counts = [message_tokens(m) for m in messages]
     facts = atoms.fact_set(messages, len(messages) - 1)
     r = run_mfs(messages, window)
     size = sum(message_tokens(m) for m in r["final"])
-    used, start = message_tokens(baselines.SYSTEM), len(messages)
-    while start > 0 and used + counts[start - 1] <= size:
-        start -= 1
-        used += counts[start]
-    truncated = [baselines.SYSTEM, *messages[start:]]
+    truncated = onestep.truncated(messages, size)
+    used = sum(message_tokens(m) for m in truncated)
     ours = evidence(conv, atoms.Payload(r["final"], facts), len(messages))
     theirs = evidence(conv, atoms.Payload(truncated, facts), len(messages))
     return {"size": size, "truncated": used, "mfs_nb": ours["answers"], "truncate": theirs["answers"],
