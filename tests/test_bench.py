@@ -244,7 +244,12 @@ def test_within_one_step_counts_the_payload_or_the_first_page_against_truncation
 
     docs = ["Alice: I adopted a cat named Miso", "Bob: nice weather", "Alice: the cat eats tuna every day"]
     assert onestep.bm25_top(docs, "cat tuna") == [2, 0]  # no shared word, no rank
-    assert onestep.bm25_top(docs, "what does it eat") == []  # no stemming: "eat" is not "eats"
+    assert onestep.bm25_top(docs, "what does it eat") == [2]  # stop words out, "eats" stemmed
+    # the payload side asks for an evidence turn's whole text: a bag of the log's words holds none
+    turns = [" ".join(d.split()) for d in docs]
+    bag = [{"role": "user", "content": " ".join(sorted({w for d in docs for w in d.split()}))}]
+    assert not onestep.held(onestep.flat_text(bag), turns, {0, 2})
+    assert onestep.held(onestep.flat_text([{"role": "user", "content": "[#3] " + docs[2]}]), turns, {2})
     msgs = []
     for i in range(300):
         msgs.append({"id": f"D1:{2 * i}", "role": "user", "speaker": "Ann",

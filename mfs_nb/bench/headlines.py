@@ -189,7 +189,7 @@ HEADLINES: dict[str, list[Headline]] = {
                  cell("LoCoMo evidence", "hit@10", category="multi-hop", method="hybrid")),
         Headline("open-domain questions with an evidence turn in the top 10", "≥ 0.55 (issue 44)",
                  cell("LoCoMo evidence", "hit@10", category="open-domain", method="hybrid")),
-        Headline("LoCoMo answers within one step (in the 16k payload, or in one search's first page)",
+        Headline("LoCoMo questions within one step (an evidence turn in the 16k payload or in one search's first page)",
                  "≥ 85 % and ≥ truncate + BM25 + 10 points (issue 44)",
                  lambda t: f"{cell('Answers within one step', 'mfs_nb', category='all')(t)} vs "
                            f"{cell('Answers within one step', 'truncate + BM25 top 10', category='all')(t)}"),

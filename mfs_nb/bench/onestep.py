@@ -1,6 +1,6 @@
-"""Answers within one step of the model (issue 44): a LoCoMo question counts when its answer stands
-in the final payload, or when one of its evidence turns is among the hits one search returns — what
-a model has in front of it, or one tool call away. Run inside the `recall` suite, which has the
+"""Answers within one step of the model (issue 44): a LoCoMo question counts when one of its evidence
+turns stands word for word in the final payload, or is among the hits one search returns — what a
+model has in front of it, or one tool call away. Run inside the `recall` suite, which has the
 conversations indexed already.
 
 Three ways, each at the same payload size (mfs_nb's final payload at `WINDOW`):
@@ -8,12 +8,14 @@ Three ways, each at the same payload size (mfs_nb's final payload at `WINDOW`):
 - **mfs_nb**: its final payload after the conversation is replayed at `WINDOW`, or an evidence turn
   in the first page of `recall_search` (its default of `PAGE` hits, hybrid search on the log).
 - **truncate**: the newest messages that fit the same number of tokens.
-- **truncate + BM25**: the same payload, or an evidence turn in the top `BM25_K` of a plain BM25
-  over the log — the simplest retrieval a user could put beside a chat (`bm25_top`, written here,
-  not the engine's full text).
+- **truncate + BM25**: the same payload, or an evidence turn in the top `BM25_K` of a BM25 over the
+  log — the simplest retrieval a user could put beside a chat (`bm25_top`, written here, not the
+  engine's full text): English words stemmed and stop words left out by the harness's own rules
+  (`atom_text`), each turn with its session's date, as the engine's log has it.
 
-Answers are matched on word boundaries in the markup-free payload (`atoms.Payload`), never by the
-engine's code.
+The payload side asks for an evidence turn's whole text in the markup-free payload (`atoms.Payload`),
+never for the answer's words alone: a short answer ("2", "yes") also stands in a bag of words.
+Nothing of the engine's code decides a match.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 from ..replay import normalise, replay
 from ..tokens import message_tokens
 from . import atoms, baselines
+from .atom_text import _STOP, _stem
 from .data import to_openai
 
 WINDOW = 16_384  # the payload both sides are measured at
@@ -37,15 +40,19 @@ K1, B = 1.2, 0.75  # BM25's usual constants
 _WORD = re.compile(r"\w+")
 
 
+def _terms(text: str) -> list[str]:
+    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOP]
+
+
 def bm25_top(docs: Sequence[str], query: str, k: int = BM25_K) -> list[int]:
-    """Indices of the `k` documents a plain BM25 ranks first for `query` (lower-cased words, no
-    stemming, no stop list; ties by position)."""
-    tokenised = [_WORD.findall(d.lower()) for d in docs]
+    """Indices of the `k` documents a BM25 ranks first for `query` (lower-cased words, stop words left
+    out, stemmed; ties by position)."""
+    tokenised = [_terms(d) for d in docs]
     avg = sum(map(len, tokenised)) / max(len(tokenised), 1)
     df: Counter[str] = Counter()
     for words in tokenised:
         df.update(set(words))
-    terms = set(_WORD.findall(query.lower()))
+    terms = set(_terms(query))
     n = len(docs)
     scores = []
     for i, words in enumerate(tokenised):
@@ -90,24 +97,39 @@ def final_payload(messages: list[dict[str, Any]], window: int = WINDOW) -> list[
 
 def measure(conv: dict[str, Any], search: Callable[[str], list[int]], window: int = WINDOW,
             keywords: Callable[[str], str] = str) -> list[dict[str, Any]]:
-    """Per question: the answer in mfs_nb's final payload, an evidence turn in `search`'s page (message
-    indices of the hits, at most `PAGE` read) for the question as asked and for `keywords` of it (the
-    query a model writes), the answer in truncation's payload of the same size, an evidence turn in
-    BM25's top 10 for the question as asked."""
+    """Per question: an evidence turn word for word in mfs_nb's final payload, in `search`'s page
+    (message indices of the hits, at most `PAGE` read) for the question as asked and for `keywords` of
+    it (the query a model writes), in truncation's payload of the same size, in BM25's top 10 for the
+    question as asked."""
     messages = to_openai(conv["messages"])
     qs = questions(conv)
     ours = final_payload(messages, window)
     size = sum(message_tokens(m) for m in ours)
-    facts = atoms.fact_set(messages, len(messages))
-    mine, theirs = atoms.Payload(ours, facts), atoms.Payload(truncated(messages, size), facts)
-    docs = [f"{m.get('speaker', m['role'])}: {m['content']}" for m in conv["messages"]]
+    mine, theirs = flat_text(ours), flat_text(truncated(messages, size))
+    docs = [f"{m.get('date', '')} {m.get('speaker', m['role'])}: {m['content']}" for m in conv["messages"]]
+    turns = [_flat(m["content"]) for m in messages]
     out = []
-    for question, answer, evidence, category in qs:
-        out.append({"category": category, "payload": mine.present(answer),
+    for question, _answer, evidence, category in qs:
+        out.append({"category": category, "payload": held(mine, turns, evidence),
                     "search": bool(evidence & set(search(question)[:PAGE])),
                     "search_keywords": bool(evidence & set(search(keywords(question))[:PAGE])),
-                    "truncate": theirs.present(answer), "bm25": bool(evidence & set(bm25_top(docs, question)))})
+                    "truncate": held(theirs, turns, evidence),
+                    "bm25": bool(evidence & set(bm25_top(docs, question)))})
     return out
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def flat_text(payload: Sequence[dict[str, Any]]) -> str:
+    """A payload's markup-free text (`atoms.payload_text`), whitespace flattened."""
+    return _flat(atoms.payload_text(payload))
+
+
+def held(text: str, turns: Sequence[str], evidence: set[int]) -> bool:
+    """Whether an evidence turn's whole text (whitespace flattened) stands in a payload's `flat_text`."""
+    return any(turns[i] and turns[i] in text for i in evidence)
 
 
 def rates(rows: Sequence[dict[str, Any]]) -> dict[str, float]:

@@ -350,8 +350,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
                         "(r@k: share of a question's evidence turns in the top k; hit@10: the question has an "
                         "evidence turn in the top 10)", "columns": ["category", "method", "questions", *keys],
              "rows": rows},
-            {"caption": f"Answers within one step of the model, LoCoMo at {onestep.WINDOW // 1024}k: the answer in the "
-                        "final payload, or an evidence turn in one search's first page (same payload size for all)",
+            {"caption": f"Answers within one step of the model, LoCoMo at {onestep.WINDOW // 1024}k: an evidence turn "
+                        "word for word in the final payload, or in one search's first page (same payload size for all)",
              "columns": ["category", "questions", "mfs_nb", "mfs_nb, keyword queries", "mfs_nb, payload alone",
                          "truncate", f"truncate + BM25 top {onestep.BM25_K}"], "rows": one_rows},
             {"caption": "Chinese: CrossWOZ entity recall (built deterministically, see the module doc)",
@@ -372,12 +372,12 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             f"{KEYWORDS}: the same hybrid search on the question cut to its names, numbers and content words "
             "(question words and filler left out by the harness's own word list, as a model writes a tool query), "
             "e.g. 'When did Caroline go to the LGBTQ support group?' -> 'Caroline LGBTQ support group'",
-            f"within one step (`bench/onestep.py`): mfs_nb's final payload after the conversation is replayed at "
-            f"{onestep.WINDOW:,} tokens, or an evidence turn among the {onestep.PAGE} hits of recall_search's first "
-            "page (its default k; hybrid search on the question as asked, or on its keywords); truncate: the newest "
-            "messages that fit mfs_nb's final payload size; + BM25: or an evidence turn in a plain BM25's top "
-            f"{onestep.BM25_K} over the log's turns (the harness's own, no stemming); answers on word boundaries in "
-            "the markup-free payload; adversarial questions left out",
+            f"within one step (`bench/onestep.py`): an evidence turn's whole text in mfs_nb's markup-free final "
+            f"payload after the conversation is replayed at {onestep.WINDOW:,} tokens, or among the {onestep.PAGE} hits "
+            "of recall_search's first page (its default k; hybrid search on the question as asked, or on its "
+            "keywords); truncate: the newest messages that fit mfs_nb's final payload size; + BM25: or an evidence "
+            f"turn in the top {onestep.BM25_K} of a BM25 over the log's turns (the harness's own: stemmed, stop words "
+            "out, each turn with its session's date); adversarial questions left out",
             "full text: LanceDB native FTS, a word index (English stemming) on the text and a character 2-3-gram "
             "index on its CJK runs",
             "the benchmark indexes in the foreground in batches of 64 and leaves out the user messages' plain vectors "
