@@ -19,7 +19,7 @@ from ..replay import normalise, replay
 from ..tokens import message_tokens
 from . import atoms, baselines, onestep
 from .data import Data, to_openai
-from .sidebyside import Counter, evidence, prefix_ratio
+from .sidebyside import Counter, evidence, prefix_ratio, shared_tokens
 
 NAME = "budget"
 NEEDS = ("locomo", "claude_code_sessions")
@@ -37,11 +37,7 @@ def paybacks(payloads: list[list[dict[str, Any]]], count: Counter) -> list[float
     new payload), so the figure errs high."""
     out = []
     for prev, cur in zip(payloads, payloads[1:]):
-        shared = 0
-        for a, b in zip(prev, cur):
-            if a is not b and a != b:
-                break
-            shared += count(a)
+        shared = shared_tokens(prev, cur, count)
         before, after = sum(count(m) for m in prev), sum(count(m) for m in cur)
         if shared < min(before, after) and after < before:
             out.append((after - shared) / (before - after))

@@ -44,26 +44,34 @@ def _terms(text: str) -> list[str]:
     return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOP]
 
 
+class BM25:
+    """A BM25 index over `docs`, built once (lower-cased words, stop words left out, stemmed)."""
+
+    def __init__(self, docs: Sequence[str]):
+        self.docs = [_terms(d) for d in docs]
+        self.avg = sum(map(len, self.docs)) / max(len(self.docs), 1)
+        self.df: Counter[str] = Counter()
+        for words in self.docs:
+            self.df.update(set(words))
+
+    def top(self, query: str, k: int = BM25_K) -> list[int]:
+        """Indices of the `k` documents ranked first for `query` (ties by position; no shared word, no rank)."""
+        terms, n = set(_terms(query)), len(self.docs)
+        scores = []
+        for i, words in enumerate(self.docs):
+            tf = Counter(w for w in words if w in terms)
+            score = 0.0
+            for t, f in tf.items():
+                idf = math.log(1 + (n - self.df[t] + 0.5) / (self.df[t] + 0.5))
+                score += idf * f * (K1 + 1) / (f + K1 * (1 - B + B * len(words) / max(self.avg, 1e-9)))
+            if score > 0:
+                scores.append((-score, i))
+        return [i for _, i in sorted(scores)[:k]]
+
+
 def bm25_top(docs: Sequence[str], query: str, k: int = BM25_K) -> list[int]:
-    """Indices of the `k` documents a BM25 ranks first for `query` (lower-cased words, stop words left
-    out, stemmed; ties by position)."""
-    tokenised = [_terms(d) for d in docs]
-    avg = sum(map(len, tokenised)) / max(len(tokenised), 1)
-    df: Counter[str] = Counter()
-    for words in tokenised:
-        df.update(set(words))
-    terms = set(_terms(query))
-    n = len(docs)
-    scores = []
-    for i, words in enumerate(tokenised):
-        tf = Counter(w for w in words if w in terms)
-        score = 0.0
-        for t, f in tf.items():
-            idf = math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
-            score += idf * f * (K1 + 1) / (f + K1 * (1 - B + B * len(words) / max(avg, 1e-9)))
-        if score > 0:
-            scores.append((-score, i))
-    return [i for _, i in sorted(scores)[:k]]
+    """`BM25(docs).top(query, k)`, for one query."""
+    return BM25(docs).top(query, k)
 
 
 def questions(conv: dict[str, Any]) -> list[tuple[str, str, set[int], str]]:
@@ -82,17 +90,17 @@ def questions(conv: dict[str, Any]) -> list[tuple[str, str, set[int], str]]:
 def truncated(messages: Sequence[dict[str, Any]], size: int) -> list[dict[str, Any]]:
     """The system prompt and the newest messages that fit `size` tokens."""
     used, start = message_tokens(baselines.SYSTEM), len(messages)
-    while start > 0 and used + message_tokens(messages[start - 1]) <= size:
+    while start > 0 and used + (cost := message_tokens(messages[start - 1])) <= size:
         start -= 1
-        used += message_tokens(messages[start])
+        used += cost
     return [baselines.SYSTEM, *messages[start:]]
 
 
 def final_payload(messages: list[dict[str, Any]], window: int = WINDOW) -> list[dict[str, Any]]:
     """mfs_nb's payload for the last call of the conversation replayed at `window`."""
-    payloads: list[list[dict[str, Any]]] = []
-    replay(normalise(messages), window=window, on_call=lambda session, plan: payloads.append(plan.view.messages))
-    return payloads[-1] if payloads else []
+    last: list[list[dict[str, Any]]] = [[]]
+    replay(normalise(messages), window=window, on_call=lambda session, plan: last.__setitem__(0, plan.view.messages))
+    return last[0]
 
 
 def measure(conv: dict[str, Any], search: Callable[[str], list[int]], window: int = WINDOW,
@@ -106,7 +114,7 @@ def measure(conv: dict[str, Any], search: Callable[[str], list[int]], window: in
     ours = final_payload(messages, window)
     size = sum(message_tokens(m) for m in ours)
     mine, theirs = flat_text(ours), flat_text(truncated(messages, size))
-    docs = [f"{m.get('date', '')} {m.get('speaker', m['role'])}: {m['content']}" for m in conv["messages"]]
+    bm25 = BM25([f"{m.get('date', '')} {m.get('speaker', m['role'])}: {m['content']}" for m in conv["messages"]])
     turns = [_flat(m["content"]) for m in messages]
     out = []
     for question, _answer, evidence, category in qs:
@@ -114,7 +122,7 @@ def measure(conv: dict[str, Any], search: Callable[[str], list[int]], window: in
                     "search": bool(evidence & set(search(question)[:PAGE])),
                     "search_keywords": bool(evidence & set(search(keywords(question))[:PAGE])),
                     "truncate": held(theirs, turns, evidence),
-                    "bm25": bool(evidence & set(bm25_top(docs, question)))})
+                    "bm25": bool(evidence & set(bm25.top(question)))})
     return out
 
 

@@ -74,6 +74,16 @@ class Counter:
         return hit[1]
 
 
+def shared_tokens(prev: list[dict[str, Any]], cur: list[dict[str, Any]], count: Counter) -> int:
+    """Tokens of the leading messages `cur` repeats from `prev` (what a prefix cache can reuse)."""
+    shared = 0
+    for a, b in zip(prev, cur):
+        if a is not b and a != b:
+            break
+        shared += count(a)
+    return shared
+
+
 def prefix_ratio(payloads: list[list[dict[str, Any]]], events: list[bool], count: Counter | None = None
                  ) -> float | None:
     count = count or Counter()
@@ -81,11 +91,7 @@ def prefix_ratio(payloads: list[list[dict[str, Any]]], events: list[bool], count
     for prev, cur, ev in zip(payloads, payloads[1:], events[1:]):
         if ev:
             continue
-        shared = 0
-        for a, b in zip(prev, cur):
-            if a is not b and a != b:
-                break
-            shared += count(a)
+        shared = shared_tokens(prev, cur, count)
         total = sum(count(m) for m in prev)
         ratios.append(shared / max(total, 1))
     return statistics.fmean(ratios) if ratios else None
