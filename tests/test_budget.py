@@ -101,3 +101,38 @@ def test_a_segments_fact_list_follows_the_sessions_own_plan(store_dir):
     first = s.compactor.segments[0]
     lines = [x for x in first.facts.splitlines() if x.startswith("- ")]
     assert seg.fact_budget(default)[0] < len(lines) <= seg.fact_budget(mine)[0]
+
+
+def test_a_compaction_of_short_questions_and_long_answers_reserves_only_what_the_tracks_would_take(store_dir):
+    """The user-verbatim track takes the range's user messages, within its ceiling: when they are a few
+    words each, a compaction keeps that room as raw tail instead of reserving the track's ceiling, and
+    ends near the target rather than far under it."""
+    s = Session("short", store=store_dir, window_tokens=32_768, background_compaction=False,
+                llm=FakeLLM(default="The run finished and the numbers are in the table above. " * 30))
+    eff = s.usage().effective
+    afters = []
+    for i in range(150):
+        s.chat(f"next {i}?")
+        rows = [r for r in s.ledger() if r["kind"] == "compaction"]
+        if len(rows) > len(afters):
+            afters.append(rows[-1]["tokens_after"])
+    assert afters
+    p = s.plan()
+    verbatim = sum(x.tokens for x in s.send_view().layers if x.kind == "verbatim")
+    assert verbatim < p.verbatim / 2  # the track holds far less than its ceiling ...
+    assert all(after <= p.target + 0.08 * eff for after in afters)
+    # ... and the first compaction (before the block settles) left that room to the raw tail: it ends
+    # near the target, where sizing the track at its ceiling ended it at 38 % of the window
+    assert afters[0] >= p.target - 0.1 * eff
+
+
+def test_a_range_committed_at_once_does_not_leave_room_for_what_arrives_before_the_compress_line(store_dir):
+    """A pre-compaction's range is committed at the compress line, so what arrives meanwhile joins its
+    tail; the compaction that rides on a clearing is committed at once and keeps that room raw."""
+    s = Session("now", store=store_dir, window_tokens=32_768, background_compaction=False, auto_compaction=False,
+                llm=FakeLLM(default="The run finished and the numbers are in the table above. " * 30))
+    eff = s.usage().effective
+    while s.usage().tokens < 0.6 * eff:
+        s.chat("next?")
+    later, at_once = s.compactor.keep_tail(eff), s.compactor.keep_tail(eff, now=True)
+    assert at_once - later >= int(s.settings.compress_at * eff) - s.usage().tokens - 1

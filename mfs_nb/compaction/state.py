@@ -14,6 +14,8 @@ from .. import budget
 from .. import segments as seg
 from ..events import Event, after
 from ..segments import Segment
+from ..tokens import estimate_tokens
+from ..workset import lines_of
 from . import coldrange, limits
 from .breaker import Breaker
 from .lease import Lease, live_claims, owner_name
@@ -188,25 +190,28 @@ class CompactorState:
         return list(after(self.host.events(), self.covered_to))
 
     # -- the range -----------------------------------------------------------------------
-    def choose(self, effective: int, emergency: bool = False, small_ok: bool = False) -> tuple[list[Event], str]:
-        """The cold range (`coldrange.choose`) of what no segment covers yet."""
-        return coldrange.choose(self.raw(), effective, self.keep_tail(effective), emergency, small_ok)
+    def choose(self, effective: int, emergency: bool = False, small_ok: bool = False,
+               now: bool = False) -> tuple[list[Event], str]:
+        """The cold range (`coldrange.choose`) of what no segment covers yet. `now`: it is committed
+        at once (the compaction that rides on a clearing), not at the compress line."""
+        return coldrange.choose(self.raw(), effective, self.keep_tail(effective, now), emergency, small_ok)
 
     def plan(self, effective: int) -> budget.Plan:
         """The window's budget under the session's settings (`budget.plan`)."""
         return budget.plan(effective, self.host.settings())
 
-    def keep_tail(self, effective: int) -> int:
+    def keep_tail(self, effective: int, now: bool = False) -> int:
         """The raw tail a compaction keeps: the room the layers leave under the plan's target once it
         is committed — the layers in force, the segment to come (guide and fact list), the fact and
-        user-verbatim tracks at their ceilings (a compaction fills them from the range it covers), and
-        what arrives before the compress line when the range is chosen early — never under the plan's floor."""
+        user-verbatim tracks as the range could fill them (`track_room`), and what arrives before the
+        compress line when the range is chosen early (not when `now`: it is committed at once) —
+        never under the plan's floor."""
         settings = self.host.settings()
         p = budget.plan(effective, settings)
         view = self.host.view()
         if view is None:
             return p.tail
-        tracks = {"facts": p.facts, "verbatim": p.verbatim}  # at their ceilings, in the payload or not yet
+        tracks = track_room(p, view.layers, self.raw())
         kinds = {layer.kind for layer in view.layers}
         standing = sum(max(layer.tokens, tracks.get(layer.kind, 0)) for layer in view.layers if layer.kind != "raw")
         standing += sum(v for k, v in tracks.items() if k not in kinds)
@@ -218,7 +223,7 @@ class CompactorState:
         # below the compress line (the pre-compaction at the warn line) is committed there, and what
         # arrives meanwhile joins the tail
         beyond = max(0, usage.tokens - sum(layer.tokens for layer in view.layers))
-        ahead = max(0, int(settings.compress_at * effective) - usage.tokens)
+        ahead = 0 if now else max(0, int(settings.compress_at * effective) - usage.tokens)
         return max(p.tail, p.target - standing - beyond - segment - ahead)
 
     def target(self, events: Sequence[Event], effective: int) -> int:
@@ -293,3 +298,18 @@ class CompactorState:
 def _consecutive(segments: Sequence[Segment], at: list[int], ids: list[int]) -> bool:
     """Whether the segments at indices `at` are exactly `ids`, in order and side by side."""
     return bool(at) and [segments[i].id for i in at] == ids and at == list(range(at[0], at[0] + len(ids)))
+
+
+ENTRY = 8  # tokens a track entry adds to its text: the uid tag, a label, the line break
+
+
+def track_room(p: budget.Plan, layers: Sequence[Any], raw: Sequence[Event]) -> dict[str, int]:
+    """The tokens the fact and user-verbatim tracks may take once a compaction of (part of) `raw` is
+    committed: what each holds now plus what the raw part could add to it — the user messages, the
+    working-set lines of its messages — within the plan's ceiling. Sizing both at their ceilings
+    whatever the range holds left a compaction of a tool-heavy session far under the target."""
+    held = {layer.kind: layer.tokens for layer in layers}
+    users = sum(e.tokens + ENTRY for e in raw if e.role == "user")
+    lines = sum(estimate_tokens(x.render()) + 2 for x in lines_of(raw))
+    return {"facts": min(p.facts, held.get("facts", 0) + lines + ENTRY),
+            "verbatim": min(p.verbatim, held.get("verbatim", 0) + users + ENTRY)}
