@@ -125,14 +125,3 @@ def test_a_compaction_of_short_questions_and_long_answers_reserves_only_what_the
     # near the target, where sizing the track at its ceiling ended it at 38 % of the window
     assert afters[0] >= p.target - 0.1 * eff
 
-
-def test_a_range_committed_at_once_does_not_leave_room_for_what_arrives_before_the_compress_line(store_dir):
-    """A pre-compaction's range is committed at the compress line, so what arrives meanwhile joins its
-    tail; the compaction that rides on a clearing is committed at once and keeps that room raw."""
-    s = Session("now", store=store_dir, window_tokens=32_768, background_compaction=False, auto_compaction=False,
-                llm=FakeLLM(default="The run finished and the numbers are in the table above. " * 30))
-    eff = s.usage().effective
-    while s.usage().tokens < 0.6 * eff:
-        s.chat("next?")
-    later, at_once = s.compactor.keep_tail(eff), s.compactor.keep_tail(eff, now=True)
-    assert at_once - later >= int(s.settings.compress_at * eff) - s.usage().tokens - 1

@@ -211,7 +211,7 @@ class Compactor(Background):
         replay, `background_compaction=False`) one is made here. `effective`: the usable window, when the
         caller has measured it already (else it is measured here)."""
         if self.pending is None and synchronous_background:
-            self.start_background(effective or self.host.usage().effective, True, now=True)
+            self.start_background(effective or self.host.usage().effective, True)
         return self.compact(tier, "with clearing", only_ready=True) if self._ready() else []
 
     def on_tier(self, tier: str, synchronous_background: bool, effective: int | None = None) -> list[str]:
