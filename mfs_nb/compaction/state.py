@@ -306,10 +306,13 @@ ENTRY = 8  # tokens a track entry adds to its text: the uid tag, a label, the li
 def track_room(p: budget.Plan, layers: Sequence[Any], raw: Sequence[Event]) -> dict[str, int]:
     """The tokens the fact and user-verbatim tracks may take once a compaction of (part of) `raw` is
     committed: what each holds now plus what the raw part could add to it — the user messages, the
-    working-set lines of its messages — within the plan's ceiling. Sizing both at their ceilings
-    whatever the range holds left a compaction of a tool-heavy session far under the target."""
+    working-set lines of its messages — within the plan's ceiling; when the user track would overflow,
+    the messages it gives up bring their lines into the fact track, so that one is counted full.
+    Sizing both at their ceilings whatever the range holds left a compaction of a chat of short
+    questions far under the target."""
     held = {layer.kind: layer.tokens for layer in layers}
-    users = sum(e.tokens + ENTRY for e in raw if e.role == "user")
+    verbatim = held.get("verbatim", 0) + sum(e.tokens + ENTRY for e in raw if e.role == "user") + ENTRY
+    if verbatim > p.verbatim:  # the user track gives up its oldest messages, whose lines join the fact track
+        return {"facts": p.facts, "verbatim": p.verbatim}
     lines = sum(estimate_tokens(x.render()) + 2 for x in lines_of(raw))
-    return {"facts": min(p.facts, held.get("facts", 0) + lines + ENTRY),
-            "verbatim": min(p.verbatim, held.get("verbatim", 0) + users + ENTRY)}
+    return {"facts": min(p.facts, held.get("facts", 0) + lines + ENTRY), "verbatim": verbatim}
