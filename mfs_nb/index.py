@@ -19,6 +19,7 @@ import contextlib
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +56,7 @@ IDLE_GRACE_S = 0.1  # after a turn, wait this long before indexing again
 OPTIMIZE_EVERY = 2_000  # rows written (text and vector rows) between index optimisations
 LATENT = "#latent"  # the latent terms' watermark is the model's, with this suffix
 LATENT_EVENTS = 8  # events per step when latent terms are filled in for an older store
+RATE_WINDOW_S = 600  # the indexing rate a status line shows is measured over the last ten minutes of writes
 
 
 
@@ -78,6 +80,7 @@ class Indexer:
         self.latent_failed: str | None = None  # why latent terms stopped; search fuses the other two
         self.notices: list[str] = []
         self.reader = Searcher(self)  # the hybrid search over what this writes
+        self._flushes: deque[tuple[float, int]] = deque(maxlen=64)  # (when, vector watermark) at each write
 
     # -- writing -----------------------------------------------------------------------------
     def kick(self, force: bool = False) -> None:
@@ -273,6 +276,7 @@ class Indexer:
             if done_segs and not any(r["kind"] == "segment" for r in rest):
                 seg_upto = max([seg_upto, *done_segs])
             store.save_recall_state(name, model_id, upto, seg_upto)
+            self._flushes.append((time.monotonic(), upto))
             if self._latent_sync and all(t is not None for r, _, t in flushed if r["chunk"] >= 0):
                 store.save_recall_state(name, model_id + LATENT, upto, seg_upto)
             self._wrote(len(flushed), embedder)
@@ -374,8 +378,20 @@ class Indexer:
         states = store.recall_states(name, ["", embedder.model_id] if embedder is not None else [""])
         text_upto = states[""][0]
         vec_upto = states[embedder.model_id][0] if embedder is not None else 0
-        return {"last_uid": self.last_uid(), "text_upto": text_upto, "vectors_upto": vec_upto if embedder else None,
-                "model": embedder.model_id if embedder is not None else None, "failed": self.failed}
+        last = self.last_uid()
+        rate = self.rate() if embedder is not None and vec_upto < last else None
+        return {"last_uid": last, "text_upto": text_upto, "vectors_upto": vec_upto if embedder else None,
+                "model": embedder.model_id if embedder is not None else None, "failed": self.failed,
+                "rate": rate, "eta_s": (last - vec_upto) / rate if rate else None}
+
+    def rate(self, now: float | None = None) -> float | None:
+        """Messages a second the vectors have advanced over the last `RATE_WINDOW_S` of writes, or None
+        (fewer than two writes in that time: nothing to tell from)."""
+        now = time.monotonic() if now is None else now
+        recent = [(t, uid) for t, uid in self._flushes if now - t <= RATE_WINDOW_S]
+        if len(recent) < 2 or recent[-1][0] <= recent[0][0] or recent[-1][1] <= recent[0][1]:
+            return None
+        return (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
 
     # -- reading (searcher.Searcher) ---------------------------------------------------------
     def search(self, query: Any, k: Any = 10, **options: Any) -> Results:
@@ -389,6 +405,17 @@ class Indexer:
         self.reader.embed_queries(embedder, queries, keep)
 
 
+
+
+def backlog(progress: dict[str, Any]) -> str:
+    """What is left of a backlog of vectors, for a status line (`Indexer.progress`): how many messages,
+    at what rate and for about how long; "" when nothing is left or no rate is known yet."""
+    upto, rate = progress.get("vectors_upto"), progress.get("rate")
+    if upto is None or not rate or upto >= progress["last_uid"]:
+        return ""
+    minutes = (progress["last_uid"] - upto) / rate / 60
+    return (f"; {progress['last_uid'] - upto:,} to go at {rate:.1f} a second, "
+            + ("under a minute left" if minutes < 1 else f"about {minutes:.0f} min left"))
 
 
 def _lower_priority() -> None:

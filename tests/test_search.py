@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 import zlib
 
 import numpy as np
@@ -452,6 +453,37 @@ def test_a_backlog_is_indexed_in_steps_and_a_failure_mid_way_resumes_exactly(sto
     assert s.store.recall_state("s", "fake/8d")[0] == 8
     rows = s.store._recall_vectors("fake/8d").search().where("session = 's'").limit(None).to_list()
     assert sorted(r["uid"] for r in rows) == list(range(1, 9))  # each uid once, none lost at a step's edge
+
+
+def test_a_status_line_says_how_much_of_a_backlog_of_vectors_is_left_and_for_how_long(store_dir, monkeypatch):
+    """While the vectors lag behind the log, `progress` measures the rate of the last writes and the
+    status line (`%mfs status`) says how many messages are left, at what rate, for about how long."""
+    from mfs_nb import index
+
+    s = _backlog(store_dir, monkeypatch, 8, 10**6)
+    emb = _Embedder()
+    calls = {"n": 0}
+
+    def embed(texts):
+        calls["n"] += 1
+        if calls["n"] > 4:  # four rows, two writes, then the model stops
+            raise RuntimeError("model crashed")
+        time.sleep(0.05)
+        return emb(texts)
+
+    model = type("Stopping", (), {"model_id": emb.model_id, "__call__": lambda self, t: embed(t)})()
+    monkeypatch.setattr(s.indexer, "model", lambda: model)
+    s.indexer.catch_up(plain=False)
+    p = s.indexer.progress()
+    upto = p["vectors_upto"]
+    assert 0 < upto < 8 and p["rate"] > 0 and p["eta_s"] == pytest.approx((8 - upto) / p["rate"])
+    assert index.backlog(p).startswith(f"; {8 - upto} to go at ")
+    assert index.backlog({"last_uid": 10_000, "vectors_upto": 3_556, "rate": 4.8}) == (
+        "; 6,444 to go at 4.8 a second, about 22 min left")
+    s.indexer.failed = None
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    s.indexer.catch_up(plain=False)
+    assert s.indexer.progress()["rate"] is None and index.backlog(s.indexer.progress()) == ""  # caught up
 
 
 def _backlog(store_dir: str, monkeypatch: pytest.MonkeyPatch, events: int, fold_every: int) -> Session:

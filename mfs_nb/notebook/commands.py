@@ -49,8 +49,10 @@ class MfsCommands(NotebookChoices):
                   + (f"; long arguments before uid {state.prune_before} stubbed" if state.prune_before else ""))
         if comp.breaker_open:
             print(comp.breaker_line())
+        from ..index import backlog
+
         p = s.indexer.progress(load=False)
-        meaning = (f"by meaning to uid {p['vectors_upto']} ({p['model']})" if p["model"] else
+        meaning = (f"by meaning to uid {p['vectors_upto']} ({p['model']})" + backlog(p) if p["model"] else
                    f"by meaning: unavailable ({p['failed']})" if p["failed"] else
                    "by meaning: starts when the first search loads the embedding model")
         print(f"search index: {p['last_uid']} messages; by words to uid {p['text_upto']}, {meaning}"
