@@ -384,10 +384,10 @@ class Indexer:
                 "model": embedder.model_id if embedder is not None else None, "failed": self.failed,
                 "rate": rate, "eta_s": (last - vec_upto) / rate if rate else None}
 
-    def rate(self, now: float | None = None) -> float | None:
+    def rate(self) -> float | None:
         """Messages a second the vectors have advanced over the last `RATE_WINDOW_S` of writes, or None
         (fewer than two writes in that time: nothing to tell from)."""
-        now = time.monotonic() if now is None else now
+        now = time.monotonic()
         recent = [(t, uid) for t, uid in self._flushes if now - t <= RATE_WINDOW_S]
         if len(recent) < 2 or recent[-1][0] <= recent[0][0] or recent[-1][1] <= recent[0][1]:
             return None
@@ -410,10 +410,10 @@ class Indexer:
 def backlog(progress: dict[str, Any]) -> str:
     """What is left of a backlog of vectors, for a status line (`Indexer.progress`): how many messages,
     at what rate and for about how long; "" when nothing is left or no rate is known yet."""
-    upto, rate = progress.get("vectors_upto"), progress.get("rate")
-    if upto is None or not rate or upto >= progress["last_uid"]:
+    upto, rate, eta = progress.get("vectors_upto"), progress.get("rate"), progress.get("eta_s")
+    if upto is None or not rate or eta is None or upto >= progress["last_uid"]:
         return ""
-    minutes = (progress["last_uid"] - upto) / rate / 60
+    minutes = eta / 60
     return (f"; {progress['last_uid'] - upto:,} to go at {rate:.1f} a second, "
             + ("under a minute left" if minutes < 1 else f"about {minutes:.0f} min left"))
 

@@ -478,7 +478,7 @@ def test_a_status_line_says_how_much_of_a_backlog_of_vectors_is_left_and_for_how
     upto = p["vectors_upto"]
     assert 0 < upto < 8 and p["rate"] > 0 and p["eta_s"] == pytest.approx((8 - upto) / p["rate"])
     assert index.backlog(p).startswith(f"; {8 - upto} to go at ")
-    assert index.backlog({"last_uid": 10_000, "vectors_upto": 3_556, "rate": 4.8}) == (
+    assert index.backlog({"last_uid": 10_000, "vectors_upto": 3_556, "rate": 4.8, "eta_s": 6_444 / 4.8}) == (
         "; 6,444 to go at 4.8 a second, about 22 min left")
     s.indexer.failed = None
     monkeypatch.setattr(s.indexer, "model", lambda: emb)

@@ -192,26 +192,28 @@ class CompactorState:
     # -- the range -----------------------------------------------------------------------
     def choose(self, effective: int, emergency: bool = False, small_ok: bool = False) -> tuple[list[Event], str]:
         """The cold range (`coldrange.choose`) of what no segment covers yet."""
-        return coldrange.choose(self.raw(), effective, self.keep_tail(effective), emergency, small_ok)
+        raw = self.raw()
+        return coldrange.choose(raw, effective, self.keep_tail(effective, raw), emergency, small_ok)
 
     def plan(self, effective: int) -> budget.Plan:
         """The window's budget under the session's settings (`budget.plan`)."""
         return budget.plan(effective, self.host.settings())
 
-    def keep_tail(self, effective: int) -> int:
+    def keep_tail(self, effective: int, raw: Sequence[Event] | None = None) -> int:
         """The raw tail a compaction keeps: the room the layers leave under the plan's target once it
         is committed — the layers in force, the segment to come (guide and fact list), the fact and
         user-verbatim tracks as the range could fill them (`track_room`), and what arrives before the
         compress line when the range is chosen early — never under the plan's floor. A compaction
         that rides on a clearing keeps that last room too: it pays no cache miss of its own, and going
-        deeper puts the next event further away (leaving it out cost 0.5 points of prefix ratio on a
-        coding session at 8k, `mfs-nb bench budget` on 2026-12-05)."""
+        deeper puts the next event further away (leaving it out cost 0.4 points of prefix ratio on a
+        coding session at 8k, `mfs-nb bench budget` on 2026-12-05). `raw`: the uncovered events, when the
+        caller has them."""
         settings = self.host.settings()
         p = budget.plan(effective, settings)
         view = self.host.view()
         if view is None:
             return p.tail
-        tracks = track_room(p, view.layers, self.raw())
+        tracks = track_room(p, view.layers, self.raw() if raw is None else raw)
         kinds = {layer.kind for layer in view.layers}
         standing = sum(max(layer.tokens, tracks.get(layer.kind, 0)) for layer in view.layers if layer.kind != "raw")
         standing += sum(v for k, v in tracks.items() if k not in kinds)
