@@ -35,6 +35,8 @@ def test_the_oldest_run_below_max_depth_never_the_newest():
     assert terminal.sink_run([segment(1, 3), segment(2, 3), segment(3), segment(4)]) == [0, 1, 2]
     assert terminal.sink_run([segment(1, 3), segment(2, 1), segment(3)]) == [0, 1]  # no L0 but the newest
     assert terminal.sink_run([segment(1, 3), segment(2)]) == []
+    assert terminal.sink_run([segment(1), segment(2), segment(3)]) == [0, 1]  # every map an L0: the oldest two
+    assert terminal.sink_run([segment(1), segment(2)]) == []
 
 
 def test_gates():
@@ -266,5 +268,23 @@ def test_a_run_the_gates_turn_down_at_full_depth_sinks_before_anything_is_evicte
     rows = [r for r in report["ledger"] if r["kind"] == "consolidation"]
     assert any(r["gate"] == "shrink" and not r["accepted"] for r in rows)
     assert any(r["merge"] == "sink" and r["accepted"] and r["tier"] != "hard" for r in rows)
+    assert not [r for r in report["ledger"] if r["kind"] == "eviction"], "the sink leaves room: nothing is evicted"
+    assert report["coverage"]["lost"] == 0
+
+
+@pytest.mark.slow  # over 10 s (see pyproject: run with -m slow)
+def test_a_run_the_shrink_gate_turns_down_before_any_depth_sinks_instead_of_being_evicted(monkeypatch):
+    """At 8k two small maps merged free too little of the block (the shrink gate says no at level 0, as on
+    LoCoMo at 8k under the one budget): the sink still comes before any eviction, so the compacted uids stay
+    mapped, not left to the evicted-range line (issue 15's bar)."""
+    from test_clearing import coding_transcript
+
+    from mfs_nb.replay import normalise, replay
+
+    monkeypatch.setattr(con, "SHRINK_MIN", 0.99)  # every merge below the hard tier fails 'shrink', at any depth
+    report = replay(normalise(coding_transcript(70)), window=8000)
+    rows = [r for r in report["ledger"] if r["kind"] == "consolidation"]
+    assert any(r["gate"] == "shrink" and not r["accepted"] and r["level"] == 1 for r in rows)
+    assert any(r["merge"] == "sink" and r["accepted"] for r in rows)
     assert not [r for r in report["ledger"] if r["kind"] == "eviction"], "the sink leaves room: nothing is evicted"
     assert report["coverage"]["lost"] == 0

@@ -27,7 +27,7 @@ class BlockWork(SegmentMaking):
     # -- consolidation and the terminal chain (policies: consolidation.py, terminal.py) -------
     def settle_block(self, effective: int, tier: str) -> tuple[list[str], list[Segment]]:
         """After a compaction: past ≈ 80 % of its budget, the block's oldest run is consolidated
-        (gates permitting); once depth is exhausted the deterministic sink absorbs the coldest L0;
+        (gates permitting); when no run can be merged the deterministic sink absorbs the coldest L0;
         only what is still over the budget is evicted. `consolidation=False`: eviction only."""
         st = self.host.settings()
         budget = self.plan(effective).block
@@ -37,10 +37,10 @@ class BlockWork(SegmentMaking):
                 break
             run = con.choose_run(self.segments, st.max_consolidations, st.eager_merge)
             note = self._merge(run, effective, tier) if run else None
-            deep = max((x.level for x in self.segments), default=0) >= st.max_consolidations
-            if note is None and (not run or deep) and con.block_tokens(self.segments) > budget:
-                # the chain's end: no run left, or a run the gates turned down while depth is
-                # exhausted; the sink comes before any eviction (issue 15, terminal chain)
+            if note is None and con.block_tokens(self.segments) > budget:
+                # the chain's end: no run left, or a run the gates turned down (at the depth limit,
+                # or at 8k, where two small maps merged free too little of the block): the sink comes
+                # before any eviction (issue 15, terminal chain)
                 sink = terminal.sink_run(self.segments)
                 note = self._merge(sink, effective, tier, sink=True) if sink else None
             if note is None:

@@ -1,6 +1,6 @@
 """The terminal chain (docs/architecture.md, "Consolidation and the terminal chain"): what happens
-to the block once every old segment is at `max_consolidations`. Pure policy, no storage;
-`compaction.Compactor` commits it.
+to a block still over its budget once no run can be merged (the depth limit reached, or the gates
+turned the run down). Pure policy, no storage; `compaction.Compactor` commits it.
 
 (a) **Sink**, zero LLM (`sink_run`, `sink_prose`, `bounded`): the run from the oldest segment
 through the coldest L0 becomes one map — the union of the members' fact lines and each prose
@@ -26,12 +26,11 @@ SINK_SHARE = 1 / 3  # the sunk map, fact list included, within this share of the
 
 
 def sink_run(segments: Sequence[Segment]) -> list[int]:
-    """The terminal chain's run: from the oldest segment through the coldest L0 (level 0), or the
-    oldest two when no L0 but the newest is left; never the newest."""
+    """The terminal chain's run: from the oldest segment through the coldest L0 (level 0), at least
+    the oldest two (no L0 but the newest, or the oldest map an L0 itself); never the newest."""
     coldest = next((i for i, x in enumerate(segments[:-1]) if x.level == 0), None)
-    if coldest is None:
-        coldest = 1 if len(segments) >= 3 else None
-    return list(range(coldest + 1)) if coldest is not None and coldest >= 1 else []
+    end = max(1, coldest or 0)
+    return list(range(end + 1)) if end < len(segments) - 1 else []
 
 
 def sink_prose(members: Sequence[Segment]) -> str:
