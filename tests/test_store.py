@@ -472,3 +472,47 @@ def test_a_closed_session_leaves_no_thread_writing_into_its_folder(tmp_path):
     s._quiet.turn_ended()  # a late write after close starts nothing
     assert s._quiet._thread is None or not s._quiet._thread.is_alive()
     shutil.rmtree(folder)  # raises 'Directory not empty' when a thread is still writing
+
+
+def test_the_log_folds_beside_the_writes_so_an_append_never_waits_for_it(tmp_path, monkeypatch):
+    """The fold of the events table rewrites the whole table, so it runs in a thread of its own: with a
+    fold held mid-way, the appends after it go on and return; once it ends, the table is folded and the
+    log holds every event once, in order."""
+    from mfs_nb.store import core
+    from mfs_nb.store.salvage import _layout
+
+    monkeypatch.setattr(core, "_OPTIMIZE_EVERY", 5)
+    store = Store(str(tmp_path / "s"))
+    started, release = threading.Event(), threading.Event()
+    real_open = store._db.open_table
+
+    def open_table(name, *args, **kwargs):  # the fold's own handle: its optimize waits to be released
+        table = real_open(name, *args, **kwargs)
+        if name == "events" and threading.current_thread().name.startswith("mfs-fold-"):
+            real = table.optimize
+
+            def optimize(**kw):
+                started.set()
+                release.wait(30)
+                return real(**kw)
+
+            table.optimize = optimize
+        return table
+
+    monkeypatch.setattr(store._db, "open_table", open_table)
+
+    def event(uid):
+        return Event(uid=uid, session="s", turn=uid, role="user", content=f"message {uid}", turn_start=True,
+                     created_at="t")
+
+    for uid in range(1, 6):  # the fifth write makes a fold due
+        store.append_events([event(uid)], writer="w1")
+    assert started.wait(30), "the fold started in its thread"
+    for uid in range(6, 21):  # while it is held, the writes go on (inline, the first of them would wait 30 s)
+        store.append_events([event(uid)], writer="w1")
+    assert store._folder is not None and store._folder.is_alive(), "the appends did not wait for the fold"
+    before = _layout(real_open("events"), None)["fragments"]
+    release.set()
+    assert store.settle(30)
+    assert _layout(real_open("events"), None)["fragments"] < before
+    assert [e.uid for e in store.load_events("s")] == list(range(1, 21))

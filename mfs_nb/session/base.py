@@ -335,10 +335,12 @@ class SessionBase:
         return miss_weight(self.settings.model)
 
     def close(self, wait_s: float = 10.0) -> None:
-        """End this session's background work (the quiet-moment fold, the recall indexer) and write the
-        waiting call rows, waiting up to `wait_s` for each, as before its store is deleted. Nothing is
-        lost without it (the indexer resumes from its watermarks); the session can still be read."""
+        """End this session's background work (the quiet-moment fold, the recall indexer, a fold of the
+        log under way) and write the waiting call rows, waiting up to `wait_s` for each, as before its
+        store is deleted. Nothing is lost without it (the indexer resumes from its watermarks); the
+        session can still be read."""
         self._quiet.close()
         self.indexer.close(wait_s)
         self._quiet.close(wait_s)
+        self.store.settle(wait_s)
         self._flush_calls(wait_s)

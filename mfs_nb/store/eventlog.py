@@ -130,7 +130,9 @@ class EventLog(StoreCore):
         versions older than `_FOLD_KEEP_S`: every write is a version, and with all of them kept a
         write, and the fold itself, grew slower as the log grew (a fold took 0.7 s at 4,000 versions).
         Not after each big write: `optimize` also merges the fragments, and an import of 100k events
-        in batches of 5,000 then rewrote the table 20 times (177 MB of versions for 15 MB of text)."""
+        in batches of 5,000 then rewrote the table 20 times (177 MB of versions for 15 MB of text).
+        The fold runs beside the turn (`_fold_beside`): it rewrites the whole table, so inline it grew
+        with the log."""
         self._fold(self._events, "events")
 
     def load_events(self, session: str, uid_from: int | None = None, uid_to: int | None = None) -> list[Event]:
