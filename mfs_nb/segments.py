@@ -261,6 +261,12 @@ def merged(segment_id: int, members: Sequence[Segment], events: Sequence[Event],
     return Segment(**{**new.to_json(), "tokens": estimate_tokens(new.render()) + 4})
 
 
+def with_prose(segment: Segment, prose: str) -> Segment:
+    """`segment` with another prose (its fact list and topics as they are), its tokens counted again."""
+    new = Segment(**{**segment.to_json(), "prose": prose})
+    return Segment(**{**new.to_json(), "tokens": estimate_tokens(new.render()) + 4})
+
+
 def uncovered(uids: Sequence[int], raw: set[int], spans: Sequence[tuple[int, int]]) -> list[int]:
     """uids that are neither raw in the payload nor inside a segment or evicted range.
     Spans are sorted once and walked with the uids: O(n + s log s)."""

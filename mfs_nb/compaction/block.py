@@ -77,8 +77,7 @@ class BlockWork(SegmentMaking):
         merged = seg.merged(seq, members, events, prose, level, self.plan(effective).block)
         if sink:  # the chain's end stays bounded: the whole map within SINK_SHARE of the block budget
             room = int(self.plan(effective).block * terminal.SINK_SHARE) - (merged.tokens - estimate_tokens(merged.prose))
-            merged = seg.merged(seq, members, events, terminal.bounded(prose, max(room, 60), members[-1].language),
-                                level, self.plan(effective).block)
+            merged = seg.with_prose(merged, terminal.bounded(prose, max(room, 60), members[-1].language))
         self.rows.complete(seq, merged, info, segment_ids=ids)
         view = s.view()
         first = next((i for i, x in enumerate(view.layers) if x.kind == "segment" and x.uid_from == members[0].uid_from), 1)
