@@ -18,6 +18,7 @@ return; the same functions serve the tool, the magic, the CLI and the benchmark.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from bisect import bisect_left, bisect_right
@@ -227,14 +228,22 @@ def keywords(texts: Iterable[str], n: int = 6) -> list[str]:
     counts: Counter[str] = Counter()
     spread: Counter[str] = Counter()
     for text in texts:
-        words = [w.lower().strip("'-") for w in _WORD.findall(text)]
-        words = [w for w in words if w not in STOP and len(w) > 3 and not w.isdigit()]
-        grams = [run[i:i + 2] for run in _CJK.findall(text) for i in range(len(run) - 1)]
-        terms = words + grams
+        terms = _terms(text)
         counts.update(terms)
         spread.update(set(terms))
     scored = sorted(counts, key=lambda w: (-(counts[w] * (1 + math.log(spread[w]))), w))
     return scored[:n]
+
+
+@functools.lru_cache(maxsize=20_000)
+def _terms(text: str) -> tuple[str, ...]:
+    """The content words and CJK bigrams of one text. A function of the text alone, so it is cached:
+    a consolidation's sink reads every message the compacted history holds, each time it runs (by
+    chat 4,000 of one session, 0.25 s a sink spent finding the same words again)."""
+    words = [w.lower().strip("'-") for w in _WORD.findall(text)]
+    words = [w for w in words if w not in STOP and len(w) > 3 and not w.isdigit()]
+    grams = [run[i:i + 2] for run in _CJK.findall(text) for i in range(len(run) - 1)]
+    return tuple(words + grams)
 
 
 def where(session: str, role: str | Sequence[str] | None = None, uid_from: int | None = None,

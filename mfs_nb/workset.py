@@ -265,7 +265,7 @@ def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: i
                     if isinstance(desc, str) and desc.strip():
                         c.description = cut(" ".join(desc.split()))
                     c.status = exit_status(result.content) if result is not None else ""
-                    if e.uid not in c.uids:
+                    if not c.uids or c.uids[-1] != e.uid:  # one event's lines come together: O(1), not a scan
                         c.uids.append(e.uid)
                     touched = shell_files(command)
                     tool_label = tool or "shell"
@@ -292,7 +292,7 @@ def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: i
                         f.op = op  # the latest change; a later read or search does not hide an edit
                     if tool_label not in f.tools:
                         f.tools.append(tool_label)
-                    if e.uid not in f.uids:
+                    if not f.uids or f.uids[-1] != e.uid:
                         f.uids.append(e.uid)
         elif e.role == "tool" and tool_ok and e.name not in MEMORY_TOOLS:  # a recall repeats, it saw nothing new
             for text in (failed_lines(e.content) if e.name == CELLS and not e.tool_call_id else error_lines(e.content)):
@@ -360,7 +360,7 @@ def _add_said(said: dict[str, tuple[int, list[int]]], text: str, kind: int, uid:
         return
     if kind < prev[0]:
         said[text] = (kind, prev[1])
-    if uid not in prev[1]:
+    if prev[1][-1] != uid:  # an event's lines are added together, so a uid seen is the last one: no scan of the list
         prev[1].append(uid)
 
 
