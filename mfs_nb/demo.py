@@ -90,11 +90,12 @@ def run(out: TextIO, store: str | None = None) -> int:
                   f"({time.monotonic() - started:.1f} s)\n")
         return 0 if ok else 1
     finally:
-        # index threads end before their store is removed and before the interpreter exits: one inside a
-        # LanceDB call at exit can crash the process (seen once, in a CI run on busy cores)
+        # index threads (and a fold of the log) end before their store is removed and before the interpreter
+        # exits: one inside a LanceDB call at exit can crash the process (seen once, in a CI run on busy cores)
         for s in opened:
             if s is not None:
                 s.indexer.close(wait_s=30)
+                s.store.settle(30)
         if store is None:
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -96,6 +96,7 @@ def replay(messages: list[Message], *, window: int | None = None, model: str | N
     finally:
         if s is not None and tmp:
             s.indexer.close(wait_s=60)  # its store is about to be removed
+            s.store.settle(60)  # and a fold of its log under way with it
         if tmp:
             shutil.rmtree(tmp, ignore_errors=True)
 
