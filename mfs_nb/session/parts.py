@@ -101,9 +101,9 @@ _EXIT_HOOK: list[bool] = []
 
 def flush_at_exit(wait_s: float = 1.0) -> None:
     """Write the call rows every live session still holds, after a fold of its log under way (up to
-    `wait_s`). Not from a garbage-collection finalizer
-    (it can run inside a store write of the same thread and wait for its own lock); a store another
-    thread holds for `wait_s` is left alone, so a background write never hangs the exit."""
+    `wait_s`). Not from a garbage-collection finalizer (it can run inside a store write of the same
+    thread and wait for its own lock); a store another thread holds for `wait_s` is left alone, so a
+    background write never hangs the exit."""
     for session in list(_LIVE):
         try:
             session.store.settle(wait_s)  # a fold of the log under way ends before LanceDB's runtime does

@@ -50,9 +50,11 @@ _FOLD_OFTEN = {"leases": 25, "compactions": 25, "sessions": 25}
 # 0), so an older one is needed only by a read under way in another kernel, for a second or so. Kept
 # longer, a session chatting fast (a replay, a benchmark) piles up thousands and every write slows
 _FOLD_KEEP_S = 15.0
-# the tables whose fold runs beside the turn, in a thread of its own: append-only, so a fold (which
-# rewrites the table's fragments: all of them while the table is under LanceDB's million-row target,
-# 0.2 s at 400 events and 0.5 s at 4,000 here) never conflicts with a write that commits meanwhile
+# the tables whose fold runs beside the turn, in a thread of its own: append-only, so an append that
+# commits while a fold (which rewrites the table's fragments: all of them while the table is under
+# LanceDB's million-row target, 0.2 s at 400 events and 0.5 s at 4,000 here) runs does not conflict
+# with it; under appends a few ms apart the fold can still lose its commit race, and the next one
+# takes the rows
 _FOLD_BESIDE = ("events",)
 
 
