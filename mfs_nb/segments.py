@@ -248,7 +248,7 @@ def build(segment_id: int, events: Sequence[Event], prose: str | None, block: in
     body = degraded_prose(events, facts.language) if degraded else prose
     seg = Segment(segment_id, events[0].uid, events[-1].uid, body or "", facts.render(), 0, degraded, 0,
                   covered_hash(events), topic_keywords(events), facts.language)
-    return Segment(**{**seg.to_json(), "tokens": estimate_tokens(seg.render()) + 4})
+    return _counted(seg)
 
 
 def merged(segment_id: int, members: Sequence[Segment], events: Sequence[Event], prose: str, level: int,
@@ -258,13 +258,17 @@ def merged(segment_id: int, members: Sequence[Segment], events: Sequence[Event],
     facts = fact_list(events, block)
     new = Segment(segment_id, members[0].uid_from, members[-1].uid_to, prose, facts.render(), level, False, 0,
                   covered_hash(events), topic_keywords(events), facts.language)
-    return Segment(**{**new.to_json(), "tokens": estimate_tokens(new.render()) + 4})
+    return _counted(new)
 
 
 def with_prose(segment: Segment, prose: str) -> Segment:
     """`segment` with another prose (its fact list and topics as they are), its tokens counted again."""
-    new = Segment(**{**segment.to_json(), "prose": prose})
-    return Segment(**{**new.to_json(), "tokens": estimate_tokens(new.render()) + 4})
+    return _counted(Segment(**{**segment.to_json(), "prose": prose}))
+
+
+def _counted(segment: Segment) -> Segment:
+    """`segment` with its tokens: what its rendering costs in the payload."""
+    return Segment(**{**segment.to_json(), "tokens": estimate_tokens(segment.render()) + 4})
 
 
 def uncovered(uids: Sequence[int], raw: set[int], spans: Sequence[tuple[int, int]]) -> list[int]:
