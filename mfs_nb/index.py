@@ -3,7 +3,9 @@
 `Indexer` keeps the recall index of a session up to date in a background thread: every event
 (user, assistant, tool result, attached document, cut into chunks) and every segment's prose
 gets a text row (full-text indexed at once) and, in batches, a vector row in the table of the
-session's embedding model. A turn only wakes the thread; it never waits for it. Watermarks in
+session's embedding model, with its latent terms. The encoder reads each text once (`row_vectors`,
+`pooled`): a first chunk takes the event before it into account by pooling with that event's
+vector and terms, not by a second pass. A turn only wakes the thread; it never waits for it. Watermarks in
 the store (`recall_state`) make a restart resume where indexing stopped, and a vector table per
 model means that changing the embedder re-indexes into a fresh table instead of mixing spaces.
 
@@ -19,14 +21,14 @@ import contextlib
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from . import search as S
-from .embed import limit_this_thread
+from .embed import LATENT_TERMS, limit_this_thread
 from .errors import StoreError
 from .events import Event
 from .index_rows import (
@@ -37,7 +39,7 @@ from .index_rows import (
     rows_for_segment,
 )
 from .search import Results
-from .searcher import Searcher, searching
+from .searcher import Searcher, last_search, searching
 from .store import read_only_error
 
 if TYPE_CHECKING:
@@ -53,6 +55,9 @@ _BACKGROUND_CORE = threading.Lock()  # held by a background indexer while it emb
 WRITE_ROWS = 32
 TEXT_EVENTS = 1_000  # events per full-text write when a backlog is indexed
 IDLE_GRACE_S = 0.1  # after a turn, wait this long before indexing again
+IDLE_CORES_S = 2.0  # no turn, write or search for this long: the background indexer embeds on every core
+CONTEXT_WEIGHT = 0.5  # a first chunk's vector: its own plus this much of the event before's (LoCoMo: 0.3-1.0 tried)
+LATENT_SEEN = 256  # texts whose latent terms the indexer keeps (the event before a row was usually just read)
 OPTIMIZE_EVERY = 2_000  # rows written (text and vector rows) between index optimisations
 LATENT = "#latent"  # the latent terms' watermark is the model's, with this suffix
 LATENT_EVENTS = 8  # events per step when latent terms are filled in for an older store
@@ -81,6 +86,9 @@ class Indexer:
         self.notices: list[str] = []
         self.reader = Searcher(self)  # the hybrid search over what this writes
         self._flushes: deque[tuple[float, int]] = deque(maxlen=64)  # (when, vector watermark) at each write
+        self._active_at = time.monotonic()  # the last turn, write or search the background thread saw
+        self._latent_seen: OrderedDict[tuple[str, str], Any] = OrderedDict()  # (model, text) -> the latent terms
+        self._threads = 0  # the encoder threads the background thread is set to (0: not set yet)
 
     # -- writing -----------------------------------------------------------------------------
     def kick(self, force: bool = False) -> None:
@@ -88,6 +96,7 @@ class Indexer:
         switched off (`recall_index=false`) only a search (`force`) starts it."""
         if not self.enabled and not force:
             return
+        self._active_at = time.monotonic()
         with self._start_lock:
             self._idle.clear()
             self._wake.set()
@@ -210,8 +219,6 @@ class Indexer:
         the watermark) every `max(size, WRITE_ROWS)` rows. In the background thread it embeds one
         text at a time and waits while a turn runs, before every text and every write."""
         store, name, model_id = self.host.store, self.host.name, embedder.model_id
-        if threading.current_thread() is self._thread:  # the model is loaded: leave the other core to turns
-            limit_this_thread(1)
         upto, seg_upto = store.recall_state(name, model_id)
         # latent terms are written with the vectors; rows embedded before (an older store, a head that
         # failed) get theirs first, and only then does the latent watermark follow the vectors'
@@ -243,10 +250,11 @@ class Indexer:
             if self._stop:  # closed: the watermark says where to resume
                 return written, upto, seg_upto
             self._yield_to_turn()
+            self._set_threads()
             batch = todo[i:i + size]
             with self._core():
                 try:
-                    vectors = np.asarray(embedder([r["words"] for r in batch]), dtype=np.float32)
+                    vectors = row_vectors(embedder, batch)
                     if not np.all(np.isfinite(vectors)):
                         raise ValueError("the embedder returned NaN or infinity")
                 except Exception as exc:
@@ -324,11 +332,20 @@ class Indexer:
         if latent is None or self.latent_failed:
             return [None] * len(rows)
         want = [r for r in rows if r["chunk"] >= 0]
+        self._set_threads()
         try:
-            terms = list(latent([r["words"] for r in want])) if want else []
-            if len(terms) != len(want):
-                raise ValueError(f"{len(terms)} latent rows for {len(want)} texts")
-            found = iter(terms)
+            texts = list(dict.fromkeys([r["text"] for r in want] + [r["before"] for r in want if r.get("before")]))
+            seen = self._latent_seen
+            need = [t for t in texts if (embedder.model_id, t) not in seen]
+            got = dict(zip(need, latent(need))) if need else {}
+            if len(got) != len(need):
+                raise ValueError(f"{len(got)} latent rows for {len(need)} texts")
+            own = {t: got[t] if t in got else seen[embedder.model_id, t] for t in texts}
+            for t, v in got.items():
+                seen[embedder.model_id, t] = v
+                while len(seen) > LATENT_SEEN:
+                    seen.popitem(last=False)
+            found = iter([pooled(own[r["text"]], own[r["before"]] if r.get("before") else None) for r in want])
         except Exception as exc:  # the dense vectors and full text still work: say so, lose nothing
             self.latent_failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
             self.note(f"latent terms are unavailable ({self.latent_failed}); search fuses full text and vectors only")
@@ -360,7 +377,20 @@ class Indexer:
                 if not busy():
                     return
             waited = True
+            self._active_at = time.monotonic()
             time.sleep(0.02)
+
+    def _set_threads(self) -> None:
+        """The background thread embeds on one core while the session is in use, so a turn or a
+        search keeps the others; once nothing has happened for `IDLE_CORES_S` (a person reading, an
+        imported history left to index), on all of them. A turn that starts then waits for one text."""
+        if threading.current_thread() is not self._thread:
+            return
+        quiet = time.monotonic() - max(self._active_at, last_search()) >= IDLE_CORES_S and not searching()
+        want = max(1, os.cpu_count() or 1) if quiet else 1
+        if want != self._threads:
+            limit_this_thread(want)
+            self._threads = want
 
     def last_uid(self) -> int:
         events = self.host.events()
@@ -405,6 +435,33 @@ class Indexer:
         self.reader.embed_queries(embedder, queries, keep)
 
 
+
+
+def pooled(own: Any, before: Any) -> Any:
+    """A first chunk's latent terms with the event before it: the two texts' terms max-pooled, as
+    the head pools a text's tokens, the strongest `LATENT_TERMS` kept."""
+    if before is None:
+        return own
+    best: dict[int, float] = {}
+    for ids, weights in (own, before):
+        for i, w in zip(ids, weights):
+            if w > best.get(i, float("-inf")):
+                best[i] = w
+    top = sorted(best.items(), key=lambda kv: -kv[1])[:LATENT_TERMS]
+    return [i for i, _ in top], [w for _, w in top]
+
+
+def row_vectors(embedder: Any, rows: Sequence[dict[str, Any]]) -> np.ndarray:
+    """One vector per index row. Each distinct text is embedded once, on its own words: a user
+    message's plain row is its first chunk's vector. A first chunk indexed with the event before it
+    takes its own vector turned toward that event's (its last piece's, which the cached embedder
+    has usually seen as the previous row), instead of a second pass over the two texts together."""
+    texts = list(dict.fromkeys([r["text"] for r in rows] + [r["before"] for r in rows if r.get("before")]))
+    own = dict(zip(texts, np.asarray(embedder(texts), dtype=np.float32)))
+    out = np.stack([own[r["text"]] + (CONTEXT_WEIGHT * own[r["before"]] if r.get("before") else 0.0)
+                    for r in rows]) if rows else np.zeros((0, 0), dtype=np.float32)
+    norms = np.linalg.norm(out, axis=1, keepdims=True) if rows else 1.0
+    return (out / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
 
 def backlog(progress: dict[str, Any]) -> str:

@@ -25,12 +25,17 @@ def event_text(e: Event) -> str:
 
 
 def rows_for_event(e: Event, before: Event | None = None) -> list[dict[str, Any]]:
-    """The index rows of one event. The first chunk is embedded together with the end of the event
-    before it (`words`), so an answer is also found by the meaning of the question it answers; the
-    word index reads the chunk alone, so a short reply is not found by its predecessor's words."""
+    """The index rows of one event. The first chunk also carries the event before it: `words` (the
+    chunk after the end of that event) and `before` (that event's last piece, whose vector and latent
+    terms the indexer pools with the chunk's own), so an answer is also found by the meaning of the
+    question it answers; the word index reads the chunk alone, so a short reply is not found by its
+    predecessor's words."""
     context = S.context_tail(event_text(before)) if before is not None else ""
-    return [_row(e.session, "event", e.uid, e.uid, e.turn, e.role, i, c, context if i == 0 else "")
+    rows = [_row(e.session, "event", e.uid, e.uid, e.turn, e.role, i, c, context if i == 0 else "")
             for i, c in enumerate(S.chunks(event_text(e)))]
+    if rows and context and before is not None:  # the previous event's last piece, whose own vector stands for the context (`index`)
+        rows[0]["before"] = S.chunks(event_text(before))[-1]
+    return rows
 
 
 def rows_for_events(events: Sequence[Event], previous: Event | None = None) -> list[dict[str, Any]]:
@@ -44,8 +49,9 @@ def rows_for_events(events: Sequence[Event], previous: Event | None = None) -> l
 def plain_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """For a user message indexed with context, one more vector row of its own words alone
     (chunk -1): the user-verbatim track's classifier reads it instead of embedding the text again."""
-    return [{**r, "key": r["key"][:-4] + "plain", "chunk": -1, "words": r["text"]} for r in rows
-            if r["role"] == "user" and r["chunk"] == 0 and r["words"] != r["text"]]
+    return [{k: v for k, v in r.items() if k != "before"} | {"key": r["key"][:-4] + "plain", "chunk": -1,
+                                                             "words": r["text"]}
+            for r in rows if r["role"] == "user" and r["chunk"] == 0 and r["words"] != r["text"]]
 
 
 def rows_for_segment(session: str, seg: Segment, turn: int) -> list[dict[str, Any]]:

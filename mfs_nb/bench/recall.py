@@ -40,7 +40,7 @@ import numpy as np
 from .. import search as S
 from ..embed import LATENT_TERMS
 from ..events import Event, now_iso
-from ..index import INDEX_FIELDS, latent_row, rows_for_events
+from ..index import IDLE_CORES_S, INDEX_FIELDS, latent_row, rows_for_events
 from ..llm import Completion
 from ..session import Session
 from ..store import ANN_MIN_ROWS, Store
@@ -279,6 +279,7 @@ def latency(data: Data, root: Path, sizes: tuple[int, ...]) -> list[dict[str, An
     return out
 
 
+RATE_EVENTS = 400  # LoCoMo turns for the index-throughput row
 PAUSE_S = 0.3  # between two turns, as a person reading the reply (the indexer works in these gaps)
 # turns per side: with 60 (until 2026-12-05) the p95 was the third-slowest turn, and the same code read
 # on ÷ off between 1.06 and 1.52 over six runs; 240 make it the twelfth
@@ -311,6 +312,38 @@ def turn_time(root: Path, n: int, turns: int, pause: float = PAUSE_S) -> dict[st
         out[f"{label}_p50_ms"] = 1000 * statistics.median(times)
         out[f"{label}_p95_ms"] = 1000 * _pct(times, 0.95)
     return out
+
+
+def index_rate(data: Data, root: Path, n: int) -> dict[str, float]:
+    """Events a second indexed by the background indexer of an idle session (a history imported and
+    left alone: its whole recipe, writes included), and in the same run the encoder passes of the
+    recipe before 2026-12-05 on the same events: each first chunk embedded together with the end of
+    the event before it, its latent terms read from that same text, a user message's own words
+    embedded once more, one text at a time on one core, writes left out."""
+    from threadpoolctl import threadpool_limits
+
+    from ..index import plain_rows
+
+    messages = [m for c in data.get("locomo") for m in c["messages"]][:n]
+    store = Store(root / "rate")
+    _write(store, "r", [(m["role"], f"{m['speaker']}: {m['content']}") for m in messages])
+    s = _session(store, "r", index=True)
+    model = s.indexer.model()  # loaded before the clock
+    started = time.perf_counter()
+    s.indexer.kick()
+    s.indexer.wait()
+    now_s = time.perf_counter() - started
+    rows = rows_for_events(s._events)
+    inner = model.inner
+    with threadpool_limits(1, user_api="openmp"):
+        started = time.perf_counter()
+        for r in rows + plain_rows(rows):
+            inner.embed([r["words"]])
+            if r["chunk"] >= 0:
+                inner.latent([r["words"]])
+        before_s = time.perf_counter() - started
+    s.close(wait_s=60)
+    return {"events": len(messages), "now": len(messages) / now_s, "before": len(messages) / before_s}
 
 
 def _mean(scores: list[dict[str, float]], key: str) -> float:
@@ -398,12 +431,15 @@ def run_speed(data: Data, quick: bool) -> dict[str, Any]:
         root = Path(tmp)
         lat = latency(data, root, sizes)
         turn = turn_time(root, 300 if quick else 10_000, 3 if quick else TURNS)
+        rate = index_rate(data, root, 40 if quick else RATE_EVENTS)
     lat_rows = [[f"{r['events']:,}", f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['embed_p50_ms']:.0f}",
                  f"{r['embed_p95_ms']:.0f}", f"{r['write_ms_per_event']:.3f}", f"{r['optimize_s']:.1f}",
                  "IVF_PQ" if r["ann"] else "flat"] for r in lat]
     n_turn = "300" if quick else "10,000"
     metrics = {f"p95_ms_{r['events']}": round(r["p95_ms"], 1) for r in lat}
     metrics |= {f"turn_{k}": round(v, 1) for k, v in turn.items()}
+    metrics |= {f"index_rate_{k}": round(v, 2) for k, v in rate.items() if k != "events"}
+    metrics["index_rate_gain"] = round(rate["now"] / rate["before"], 2)
     return {
         "title": "Recall by meaning: search latency, index cost, turn time",
         "tables": [
@@ -417,6 +453,15 @@ def run_speed(data: Data, quick: bool) -> dict[str, Any]:
                       [f"on (the backlog is embedded in the pauses: {int(turn['embedded']):,} events during the run, "
                        f"{int(turn['backlog_left']):,} left)",
                        f"{turn['on_p50_ms']:.0f}", f"{turn['on_p95_ms']:.0f}"]]},
+            {"caption": f"Index throughput: {rate['events']:,} LoCoMo turns indexed by the background indexer of an idle "
+                        "session, against the encoder passes of the recipe before 2026-12-05 on the same turns (same "
+                        "run)", "columns": ["recipe", "events a second"],
+             "rows": [["now: each text embedded once, a first chunk turned toward the event before; every core "
+                       f"after {IDLE_CORES_S:g} s without a turn; writes included", f"{rate['now']:.1f}"],
+                      ["before: a first chunk embedded with the end of the event before, latent terms on the same "
+                       "text, a user message's own words once more; one core; writes left out",
+                       f"{rate['before']:.1f}"],
+                      ["gain", f"{rate['now'] / rate['before']:.2f} ×"]]},
         ],
         "notes": [
             f"the vector index (IVF_PQ, cosine) is built when a model's table reaches {ANN_MIN_ROWS:,} rows; below "
