@@ -50,6 +50,14 @@ def cell(caption: str, column: str, first: bool = False, **where: str) -> Callab
     return read
 
 
+def _turn_ratio(tables: Tables) -> str:
+    cols, rows = _rows(tables, "Chat-turn time")
+    if len(rows) < 2 or "p95 ms" not in cols:
+        return "—"
+    off, on = (float(r[cols.index("p95 ms")]) for r in rows[:2])
+    return f"{on:.0f} ÷ {off:.0f} = {on / off:.2f} ×" if off else "—"
+
+
 def _percent(value: str) -> float | None:
     m = re.match(r"\s*(-?[\d.]+)%", value)
     return float(m.group(1)) if m else None
@@ -195,7 +203,10 @@ HEADLINES: dict[str, list[Headline]] = {
                            f"{cell('Answers within one step', 'truncate + BM25 top 10', category='all')(t)}"),
     ],
     "recall_speed": [
-        Headline("search p95 at the largest size measured (ms)", "—", cell("Search latency", "search p95 ms")),
+        Headline("search p95 at the largest size measured (ms)", "≤ 100 (issue 44)", cell("Search latency", "search p95 ms")),
+        Headline("chat turn p95 with the background indexer on ÷ off (ms)", "≤ 1.1 × (issue 44)", _turn_ratio),
+        Headline("index throughput against the recipe before 2026-12-05 (same run)", "≥ 3 × (issue 44)",
+                 cell("Index throughput", "events a second", recipe="gain")),
     ],
     "notebook": [
         Headline("prefix-cache ratio of ordinary calls with the budget note on, 8k", "≥ 99 % (seed 99.3 %)",
