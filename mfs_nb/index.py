@@ -387,7 +387,7 @@ class Indexer:
         if threading.current_thread() is not self._thread:
             return
         quiet = time.monotonic() - max(self._active_at, last_search()) >= IDLE_CORES_S and not searching()
-        want = max(1, os.cpu_count() or 1) if quiet else 1
+        want = _cores() if quiet else 1
         if want != self._threads:
             limit_this_thread(want)
             self._threads = want
@@ -473,6 +473,14 @@ def backlog(progress: dict[str, Any]) -> str:
     minutes = eta / 60
     return (f"; {progress['last_uid'] - upto:,} to go at {rate:.1f} a second, "
             + ("under a minute left" if minutes < 1 else f"about {minutes:.0f} min left"))
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells, else the machine's)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _lower_priority() -> None:

@@ -33,7 +33,7 @@ def rows_for_event(e: Event, before: Event | None = None) -> list[dict[str, Any]
     context = S.context_tail(event_text(before)) if before is not None else ""
     rows = [_row(e.session, "event", e.uid, e.uid, e.turn, e.role, i, c, context if i == 0 else "")
             for i, c in enumerate(S.chunks(event_text(e)))]
-    if rows and context and before is not None:  # the previous event's last piece, whose own vector stands for the context (`index`)
+    if rows and context and before is not None:  # its own vector and terms stand for the context (`index`)
         rows[0]["before"] = S.chunks(event_text(before))[-1]
     return rows
 
