@@ -456,11 +456,12 @@ def row_vectors(embedder: Any, rows: Sequence[dict[str, Any]]) -> np.ndarray:
     message's plain row is its first chunk's vector. A first chunk indexed with the event before it
     takes its own vector turned toward that event's (its last piece's, which the cached embedder
     has usually seen as the previous row), instead of a second pass over the two texts together."""
+    if not rows:
+        return np.zeros((0, 0), dtype=np.float32)
     texts = list(dict.fromkeys([r["text"] for r in rows] + [r["before"] for r in rows if r.get("before")]))
     own = dict(zip(texts, np.asarray(embedder(texts), dtype=np.float32)))
-    out = np.stack([own[r["text"]] + (CONTEXT_WEIGHT * own[r["before"]] if r.get("before") else 0.0)
-                    for r in rows]) if rows else np.zeros((0, 0), dtype=np.float32)
-    norms = np.linalg.norm(out, axis=1, keepdims=True) if rows else 1.0
+    out = np.stack([own[r["text"]] + (CONTEXT_WEIGHT * own[r["before"]] if r.get("before") else 0.0) for r in rows])
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
     return (out / np.where(norms > 0, norms, 1.0)).astype(np.float32)
 
 

@@ -40,7 +40,7 @@ import numpy as np
 from .. import search as S
 from ..embed import LATENT_TERMS
 from ..events import Event, now_iso
-from ..index import IDLE_CORES_S, INDEX_FIELDS, latent_row, rows_for_events
+from ..index import IDLE_CORES_S, INDEX_FIELDS, latent_row, plain_rows, rows_for_events
 from ..llm import Completion
 from ..session import Session
 from ..store import ANN_MIN_ROWS, Store
@@ -321,8 +321,6 @@ def index_rate(data: Data, root: Path, n: int) -> dict[str, float]:
     the event before it, its latent terms read from that same text, a user message's own words
     embedded once more, one text at a time on one core, writes left out."""
     from threadpoolctl import threadpool_limits
-
-    from ..index import plain_rows
 
     messages = [m for c in data.get("locomo") for m in c["messages"]][:n]
     store = Store(root / "rate")
