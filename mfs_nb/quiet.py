@@ -19,7 +19,8 @@ from typing import Any
 
 class Quiet:
     """Runs `work(stop)` once after each stretch of turns, when none has started for `quiet_s()`
-    seconds; `stop()` tells the work that a turn is waiting."""
+    seconds; `stop()` tells the work that a turn is waiting. A work that returns a number of seconds
+    runs once more after that long, if nothing has started the clock again meanwhile."""
 
     def __init__(self, work: Callable[[Callable[[], bool]], Any], quiet_s: Callable[[], float], name: str = ""):
         self._work = work
@@ -68,11 +69,16 @@ class Quiet:
             if left > 0:
                 self._wake.wait(left)
                 continue
+            again = None
             try:
-                self._work(lambda started=turns: self._closed or self._turns != started)
+                again = self._work(lambda started=turns: self._closed or self._turns != started)
             except Exception:  # maintenance is an optimisation; the work logs what it did
                 pass
             self.runs += 1
+            if again:  # the work asks to run once more after `again` seconds, unless a turn comes first
+                with self._lock:
+                    if not self._due and not self._closed:
+                        self._due, self._last = True, time.monotonic() + float(again) - quiet
 
     def close(self, wait_s: float = 0.0) -> None:
         """No more runs; one under way stops between two tables, waited for up to `wait_s`."""

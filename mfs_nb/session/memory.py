@@ -103,24 +103,44 @@ class Memory(Intake):
         (`%mfs optimize`, and `quiet.Quiet` after `quiet_maintenance_s` without a turn, which passes
         `stop`). Never while a kernel holds this session's compaction lock (it is taken for the
         duration); its cost and effect are a `maintenance` ledger row."""
-        with self._lock, self.compactor.exclusive(idle=True) as busy:
-            if busy:
-                self._log("skip", reason="locked", trigger="maintenance", detail=busy)
-                return [f"{busy}; the store was not optimized; try again in a moment"]
-            report = self.store.maintain(keep_s, stop=stop)
-        self._log("maintenance", trigger=trigger, keep_s=keep_s, seconds=report["seconds"],
-                  versions=report["versions"], fragments=report["fragments"], bytes=report["bytes"],
-                  errors=report["errors"], stopped=report["stopped"])
+        report = self._maintain(keep_s, trigger, stop)
+        if "busy" in report:
+            return [f"{report['busy']}; the store was not optimized; try again in a moment"]
         v, f, b = report["versions"], report["fragments"], report["bytes"]
         line = (f"store optimized in {report['seconds']:.1f} s: versions {v[0]:,} → {v[1]:,}, fragments {f[0]:,} → "
                 f"{f[1]:,}" + (f", on disk {b[0] / 1e6:.1f} → {b[1] / 1e6:.1f} MB" if b[0] else ""))
         return [line] + [f"table {name} was left as it was: {why}" for name, why in report["errors"].items()]
 
-    def _quiet_maintenance(self, stop: Callable[[], bool]) -> None:
+    def _maintain(self, keep_s: float, trigger: str, stop: Callable[[], bool] | None) -> dict[str, Any]:
+        """`Store.maintain` under the compaction lock, with its ledger row; `{"busy": why}` when
+        another kernel holds the lock."""
+        with self._lock, self.compactor.exclusive(idle=True) as busy:
+            if busy:
+                self._log("skip", reason="locked", trigger="maintenance", detail=busy)
+                return {"busy": busy}
+            report = self.store.maintain(keep_s, stop=stop)
+        self._log("maintenance", trigger=trigger, keep_s=keep_s, seconds=report["seconds"],
+                  versions=report["versions"], fragments=report["fragments"], bytes=report["bytes"],
+                  errors=report["errors"], stopped=report["stopped"])
+        return report
+
+    def _quiet_maintenance(self, stop: Callable[[], bool]) -> float | None:
         """What `quiet.Quiet` runs: the fold of every table, keeping `QUIET_KEEP_S` of versions for
-        readers in other kernels; nothing when a turn is already waiting."""
-        if not stop():
-            self.optimize(QUIET_KEEP_S, trigger="quiet", stop=stop)
+        readers in other kernels; nothing when a turn is already waiting.
+
+        A fold that rewrote a table leaves the data it replaced on disk, in versions younger than
+        `QUIET_KEEP_S`, and a session left alone has no later fold to remove them (they were half the
+        recall index of a store at rest: `mfs-nb bench chats`). So when this fold changed the layout
+        and left a table with more than its latest version, it asks to run once more when those
+        versions are old enough; that run rewrites nothing (nothing new), so it asks for no third. The
+        ledger and the leases do not count: every run writes them itself (its row, the compaction lock)."""
+        if stop():
+            return None
+        report = self._maintain(QUIET_KEEP_S, "quiet", stop)
+        rewrote = [t["after"] for name, t in report.get("tables", {}).items()
+                   if name not in ("ledger", "leases") and t["after"]["fragments"] < t["before"]["fragments"]]
+        left = any(after["versions"] > 1 for after in rewrote)
+        return QUIET_KEEP_S + 1.0 if left and not report.get("stopped") else None
 
     # -- the knowledge slot (knowledge.py) ---------------------------------------------------
     def knowledge_budget(self) -> int:
