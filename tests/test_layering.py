@@ -28,7 +28,7 @@ PURE = {"events", "view", "tokens", "usage", "tools", "clearing", "facts", "segm
         "compaction.consolidation", "compaction.terminal", "compaction.summary_check"}
 # what a pure module may not reach, inside the package or outside it
 IMPURE_PACKAGES = ("store", "session", "notebook", "ui", "bench", "llm", "offline", "embed", "index", "searcher",
-                   "track", "snapshots", "quiet", "cli", "doctor", "export", "replay", "demo", "cost", "importer", "mcp_server",
+                   "track", "snapshots", "quiet", "offprocess", "_encoder_child", "cli", "doctor", "export", "replay", "demo", "cost", "importer", "mcp_server",
                    "prompt_cache", "host", "compaction.compactor", "compaction.lease", "compaction.protocol")
 IMPURE_LIBRARIES = ("lancedb", "pyarrow", "litellm", "IPython", "ipywidgets", "anywidget", "requests", "httpx",
                     "urllib", "socket", "sentence_transformers", "torch", "boto3", "mcp", "uvicorn", "starlette")

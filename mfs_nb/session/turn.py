@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from .. import offprocess
 from ..compaction import Compactor
 from ..errors import ConfigError, InputError, MfsError, StoreError
 from ..events import Event, now_iso
@@ -155,7 +156,8 @@ class Session(Memory):
             text = self._check_message(text)
         self._quiet.turn_started()
         try:
-            return self._chat_locked(text, quote, attached, own, notices, origin, stream, on_delta, on_reset)
+            with offprocess.foreground():  # the background encoder stops until the turn ends
+                return self._chat_locked(text, quote, attached, own, notices, origin, stream, on_delta, on_reset)
         finally:
             self._quiet.turn_ended()
 
