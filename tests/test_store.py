@@ -188,6 +188,25 @@ def test_a_quiet_moment_folds_the_store_then_removes_what_the_fold_replaced_and_
     s.chat("still usable after maintenance")
 
 
+def test_the_quiet_fold_does_not_run_again_while_the_recall_index_is_catching_up(store_dir, monkeypatch):
+    """The index's end starts the quiet clock again; folding its tables every half minute meanwhile
+    (12 folds while 10,000 events were indexed) only competed with it."""
+    import time
+
+    from mfs_nb.session import memory as session_module
+
+    monkeypatch.setattr(session_module, "QUIET_KEEP_S", 0.5)
+    s = Session("quiet", store=store_dir, llm=FakeLLM(prompt_tokens=300), quiet_maintenance_s=1)
+    monkeypatch.setattr(s.indexer, "wait", lambda timeout=None: False)  # a backlog still being embedded
+    for i in range(10):
+        s.chat(f"turn {i}: keep the pool under {20 + i}")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not s._quiet.runs:
+        time.sleep(0.2)
+    time.sleep(3.0)  # a second run would have come 1.5 s after the first
+    assert s._quiet.runs == 1 and s._quiet.settled()
+
+
 def test_a_turn_that_starts_stops_the_quiet_fold_between_tables():
     from mfs_nb.quiet import Quiet
 

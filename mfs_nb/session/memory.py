@@ -133,10 +133,14 @@ class Memory(Intake):
         recall index of a store at rest: `mfs-nb bench chats`). So when this fold changed the layout
         and left a table with more than its latest version, it asks to run once more when those
         versions are old enough; that run rewrites nothing (nothing new), so it asks for no third. The
-        ledger and the leases do not count: every run writes them itself (its row, the compaction lock)."""
+        ledger and the leases do not count: every run writes them itself (its row, the compaction lock).
+        Nor does it ask while the recall index is still catching up: the index's end starts the clock
+        again, and folding its tables every half minute meanwhile only competes with it."""
         if stop():
             return None
         report = self._maintain(QUIET_KEEP_S, "quiet", stop)
+        if not self.indexer.wait(0):
+            return None
         rewrote = [t["after"] for name, t in report.get("tables", {}).items()
                    if name not in ("ledger", "leases") and t["after"]["fragments"] < t["before"]["fragments"]]
         left = any(after["versions"] > 1 for after in rewrote)
