@@ -92,7 +92,7 @@ class EncoderProcess:
                                 self._signal(signal.SIGSTOP)
                     _send(self._proc, (op, texts, self.threads, top_k))
                     status, out = _receive(self._proc)
-                except (OSError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+                except Exception as exc:  # a broken pipe, a garbled answer: the passes come back here
                     self.close()
                     if attempt:
                         self.failed = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
@@ -107,7 +107,7 @@ class EncoderProcess:
     def close(self) -> None:
         proc, self._proc = self._proc, None
         if proc is not None and proc.poll() is None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
                 proc.kill()  # a stopped child too
                 proc.wait(5)
 
