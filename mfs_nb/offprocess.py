@@ -11,25 +11,32 @@ without polling (a thread that wakes every few milliseconds takes the interprete
 Only the background thread's passes go there (`routed`); a query, or a caller that waits for the
 index, embeds in this process as before. One child serves every session of the process, started on
 first use from the thread that needs it and ended with that thread (a background thread ends after
-30 s with nothing to do) or with the process. Where it cannot start or fails (no SIGSTOP, no engine),
-the passes run in this process as before, and `failed` says why.
+30 s with nothing to do) or with the process. Linux only (a stopped child must die with its parent:
+PR_SET_PDEATHSIG); elsewhere, or where it cannot start or fails, the passes run in this process as
+before, and `failed` says why. A child stopped for over `HOLD_LIMIT_S` goes on anyway.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import pickle
+import select
 import signal
 import struct
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 CHILD = Path(__file__).with_name("_encoder_child.py")
+# Linux only: SIGSTOP needs a child that dies with its parent even while stopped (PR_SET_PDEATHSIG)
+ON = sys.platform.startswith("linux") and hasattr(signal, "SIGSTOP")
+HOLD_LIMIT_S = 60.0  # a child stopped this long goes on anyway (a turn waiting on the network, a lost hold)
 _local = threading.local()
 
 
@@ -44,6 +51,7 @@ class EncoderProcess:
         self.threads = 0  # the OpenMP threads the child should use (0: its default)
         self._holds = 0  # turns and searches running now (`foreground`): the child is stopped while any is
         self._held = threading.Lock()
+        self.stopped_at: float | None = None  # when the child was last stopped (None: running)
 
     @property
     def pid(self) -> int | None:
@@ -62,25 +70,32 @@ class EncoderProcess:
         with self._held:
             self._holds += 1
             if self._holds == 1:
-                self._signal(signal.SIGSTOP)
+                self._signal(True)
 
     def release(self) -> None:
         """It ended: the last of them lets the child go on."""
         with self._held:
             self._holds = max(0, self._holds - 1)
             if self._holds == 0:
-                self._signal(signal.SIGCONT)
+                self._signal(False)
 
-    def _signal(self, sig: int) -> None:
+    def _signal(self, stop: bool) -> None:
         proc = self._proc
-        if proc is not None and proc.returncode is None:
+        if ON and proc is not None:
             with contextlib.suppress(OSError):
-                os.kill(proc.pid, sig)
+                proc.send_signal(signal.SIGSTOP if stop else signal.SIGCONT)  # nothing once it has ended
+        self.stopped_at = time.monotonic() if stop and proc is not None else None
+
+    def _overdue(self) -> None:
+        """A child stopped for over `HOLD_LIMIT_S` goes on: indexing waits for a turn, not for ever."""
+        with self._held:
+            if self.stopped_at is not None and time.monotonic() - self.stopped_at > HOLD_LIMIT_S:
+                self._signal(False)
 
     def call(self, op: str, texts: list[str], top_k: int = 0) -> Any:
         """The child's answer to one request, or None when it cannot give one (then `failed` says why,
         and the caller embeds in this process)."""
-        if self.failed or not hasattr(signal, "SIGSTOP"):
+        if self.failed or not ON:
             return None
         with self._lock:
             for attempt in range(2):  # a child whose starting thread ended is gone: start another, once
@@ -89,9 +104,9 @@ class EncoderProcess:
                         self._proc = self._start()
                         with self._held:
                             if self._holds:  # started during a turn: it waits for the turn's end too
-                                self._signal(signal.SIGSTOP)
+                                self._signal(True)
                     _send(self._proc, (op, texts, self.threads, top_k))
-                    status, out = _receive(self._proc)
+                    status, out = _receive(self._proc, self._overdue)
                 except Exception as exc:  # a broken pipe, a garbled answer: the passes come back here
                     self.close()
                     if attempt:
@@ -119,9 +134,12 @@ def _send(proc: subprocess.Popen[bytes], request: Any) -> None:
     proc.stdin.flush()
 
 
-def _receive(proc: subprocess.Popen[bytes]) -> Any:
-    """The answer, however long the child is stopped before it gives it."""
+def _receive(proc: subprocess.Popen[bytes], overdue: Callable[[], None]) -> Any:
+    """The answer, however long the child is stopped before it gives it (`overdue` is asked once a
+    second whether it has been stopped too long)."""
     assert proc.stdout is not None
+    while not select.select([proc.stdout], [], [], 1.0)[0]:
+        overdue()
     head = proc.stdout.read(8)
     if len(head) < 8:
         raise EOFError("the encoder process ended")
@@ -129,6 +147,7 @@ def _receive(proc: subprocess.Popen[bytes]) -> Any:
 
 
 ENCODER = EncoderProcess()
+atexit.register(lambda: ENCODER.close())
 
 
 @contextlib.contextmanager
@@ -145,8 +164,8 @@ def routed() -> Iterator[None]:
 def foreground() -> Iterator[None]:
     """A turn or a search: the encoder process is stopped for as long as the block lasts."""
     encoder = ENCODER
-    encoder.hold()
     try:
+        encoder.hold()  # inside: an interrupt between the count and the signal still releases
         yield
     finally:
         encoder.release()

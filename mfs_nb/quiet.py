@@ -34,6 +34,7 @@ class Quiet:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.runs = 0
+        self._again = False  # the run now due is a second run the work asked for
 
     def turn_started(self) -> None:
         with self._lock:
@@ -45,7 +46,7 @@ class Quiet:
         if self._quiet_s() <= 0 or self._closed:
             return
         with self._lock:
-            self._last, self._due = time.monotonic(), True
+            self._last, self._due, self._again = time.monotonic(), True, False
             self._wake.set()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, daemon=True, name=f"mfs-quiet-{self._name}")
@@ -69,16 +70,18 @@ class Quiet:
             if left > 0:
                 self._wake.wait(left)
                 continue
-            again = None
+            again, rerun = None, self._again
             try:
                 again = self._work(lambda started=turns: self._closed or self._turns != started)
             except Exception:  # maintenance is an optimisation; the work logs what it did
                 pass
             self.runs += 1
-            if again:  # the work asks to run once more after `again` seconds, unless a turn comes first
-                with self._lock:
-                    if not self._due and not self._closed:
-                        self._due, self._last = True, time.monotonic() + float(again) - quiet
+            with self._lock:
+                # the work asks to run once more after `again` seconds, unless a turn came or comes first;
+                # a run that was itself such a second run asks for nothing (other writers could keep it going)
+                self._again = bool(again) and not rerun and not self._due and not self._closed and self._turns == turns
+                if self._again:
+                    self._due, self._last = True, time.monotonic() + float(again or 0) - quiet
 
     def close(self, wait_s: float = 0.0) -> None:
         """No more runs; one under way stops between two tables, waited for up to `wait_s`."""

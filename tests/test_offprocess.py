@@ -35,8 +35,12 @@ def test_a_routed_thread_gets_the_same_vectors_and_latent_terms_from_the_encoder
     e5 = E5Embedder()
     here, terms = e5.embed(TEXTS), e5.latent(TEXTS)  # not routed: this process
     assert encoder.started == 0
+    ops: list[str] = []
+    real = encoder.call
+    monkeypatch.setattr(encoder, "call", lambda op, texts, top_k=0: (ops.append(op), real(op, texts, top_k))[1])
     with offprocess.routed():
         there, terms_there = e5.embed(TEXTS), e5.latent(TEXTS)
+    assert ops == ["passage", "latent"]  # both passes went to the child
     assert encoder.started == 1 and encoder.failed is None and encoder.pid is not None
     assert np.allclose(here, there, atol=1e-5)
     assert [ids for ids, _ in terms] == [ids for ids, _ in terms_there]
@@ -119,3 +123,26 @@ def test_a_sessions_background_indexer_embeds_in_the_encoder_process(store_dir, 
     assert np.allclose(np.array([stored[u] for u in uids]), here, atol=2e-3)  # float16 on disk
     assert s.search("filter.cfg").hits
     s.close(wait_s=30)
+
+
+def test_where_a_child_cannot_be_stopped_turns_go_on_and_the_passes_stay_here(monkeypatch):
+    encoder = offprocess.EncoderProcess()
+    monkeypatch.setattr(offprocess, "ENCODER", encoder)
+    monkeypatch.setattr(offprocess, "ON", False)  # Windows, macOS: no SIGSTOP, or no PR_SET_PDEATHSIG
+    # a turn and a search: nothing to stop, nothing fails; the background thread's passes stay in this process
+    with offprocess.foreground(), offprocess.foreground(), offprocess.routed():
+        rows = E5Embedder().embed(TEXTS)
+    assert rows.shape == (3, 384) and encoder.started == 0 and encoder.pid is None
+
+
+def test_a_child_stopped_too_long_goes_on_and_a_lost_hold_cannot_stop_indexing_for_good(monkeypatch):
+    encoder = offprocess.EncoderProcess()
+    monkeypatch.setattr(offprocess, "ENCODER", encoder)
+    monkeypatch.setattr(offprocess, "HOLD_LIMIT_S", 0.5)
+    assert encoder.call("passage", TEXTS[:1]) is not None
+    encoder.hold()  # never released (an interrupt at the wrong moment, a turn that waits on the network)
+    assert _state(encoder.pid, "T") == "T"
+    started = time.monotonic()
+    got = encoder.call("passage", TEXTS)
+    assert got is not None and got.shape == (3, 384) and time.monotonic() - started < 10
+    encoder.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -233,6 +234,35 @@ def test_a_turn_that_starts_stops_the_quiet_fold_between_tables():
     off = Quiet(work, lambda: 0.0)  # quiet_maintenance_s = 0: no thread at all
     off.turn_ended()
     assert off._thread is None
+
+
+def test_a_second_quiet_run_asks_for_no_third_and_a_turn_under_way_cancels_it():
+    """Other writers to the store (another kernel, another session's index) would make every run find
+    something rewritten: only the first run of a quiet stretch may ask for another."""
+    from mfs_nb.quiet import Quiet
+
+    runs: list[float] = []
+    q = Quiet(lambda stop: (runs.append(time.monotonic()), 0.2)[1], lambda: 0.3)
+    q.turn_started()
+    q.turn_ended()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (len(runs) < 2 or not q.settled()):
+        time.sleep(0.05)
+    time.sleep(0.6)
+    assert len(runs) == 2 and q.settled()
+
+    def starts_a_turn(stop):
+        q.turn_started()  # a turn begins as the run ends: no second run while it is under way
+        runs.append(time.monotonic())
+        return 0.2
+
+    runs.clear()
+    q = Quiet(starts_a_turn, lambda: 0.3)
+    q.turn_ended()
+    while time.monotonic() < deadline + 10 and not runs:
+        time.sleep(0.05)
+    time.sleep(0.8)
+    assert len(runs) == 1 and q.settled()
 
 
 def test_mfs_optimize_magic(ip, capsys):
