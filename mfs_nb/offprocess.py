@@ -18,7 +18,6 @@ before, and `failed` says why. A child stopped for over `HOLD_LIMIT_S` goes on a
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import pickle
@@ -146,8 +145,8 @@ def _receive(proc: subprocess.Popen[bytes], overdue: Callable[[], None]) -> Any:
     return pickle.loads(proc.stdout.read(struct.unpack("<Q", head)[0]))
 
 
-ENCODER = EncoderProcess()
-atexit.register(lambda: ENCODER.close())
+ENCODER = EncoderProcess()  # no atexit hook: the child dies with its thread (PR_SET_PDEATHSIG), and a hook that
+# killed it would wake the background thread mid-finalisation into a retry
 
 
 @contextlib.contextmanager
