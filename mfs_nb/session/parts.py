@@ -101,13 +101,13 @@ _EXIT_HOOK: list[bool] = []
 
 def flush_at_exit(wait_s: float = 1.0) -> None:
     """Write the call rows every live session still holds, after its background indexer stopped and a
-    fold of its log under way ended (up to `wait_s` each). Not from a garbage-collection finalizer (it can run inside a store write of the same
-    thread and wait for its own lock); a store another thread holds for `wait_s` is left alone, so a
-    background write never hangs the exit."""
+    fold of its log under way ended (up to `wait_s` each). Not from a garbage-collection finalizer (it
+    can run inside a store write of the same thread and wait for its own lock); a store another thread
+    holds for `wait_s` is left alone, so a background write never hangs the exit."""
     for session in list(_LIVE):
         try:
             # the background indexer stops, and a write of it under way ends, before LanceDB's runtime does
-            # (a server that exits mid-backlog crashed in LanceDB's threads, about one exit in four)
+            # (a server that exits mid-backlog crashed in LanceDB's threads: one exit in three of `bench mcp --quick`)
             session.indexer.close(wait_s)
             session.store.settle(wait_s)  # so does a fold of the log under way
             session._flush_calls(timeout=wait_s)
