@@ -55,7 +55,7 @@ SEARCH_SCHEMA = {
     "properties": {
         "query": {"type": "string", "description": "a few keywords and names, not a sentence (e.g. 'billing "
                                                    "pool size', 'Caroline adoption agency'); any language"},
-        "k": {"type": "integer", "description": "how many hits (default 8, at most 100)"},
+        "k": {"type": "integer", "description": "how many hits (default 10, at most 100)"},
         "role": {"type": "string", "enum": ["user", "assistant", "tool", "segment"],
                  "description": "only messages of this role, e.g. user for what the user said (optional)"},
         "date_from": {"type": "string", "description": "only messages written from this ISO date (optional)"},

