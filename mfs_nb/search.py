@@ -198,14 +198,16 @@ def fuse(ranked: Sequence[Sequence[str]], k: int = RRF_K, weights: Sequence[floa
 
 
 def smooth(scores: dict[int, float], share: float = NEIGHBOUR_SHARE, floor: float | None = None,
-           share2: float = NEIGHBOUR_SHARE_2) -> list[tuple[int, float]]:
+           share2: float | None = None) -> list[tuple[int, float]]:
     """Candidates (uid -> score, higher is better) re-ranked with their neighbours: each score,
     less the lowest candidate's, plus `share` of the better of uid-1 and uid+1 and `share2` of the
     better of uid-2 and uid+2. The neighbours of a candidate join the ranking too: an answer often
     sits a turn or two after the turn that matched. Only the candidates are known, so this needs no
-    scan of the log; `floor` is the score of what was not returned (default: the lowest candidate's)."""
+    scan of the log; `floor` is the score of what was not returned (default: the lowest candidate's);
+    `share2` defaults to `NEIGHBOUR_SHARE_2` as it stands when called (the benchmark's ablation sets it)."""
     if not scores:
         return []
+    share2 = NEIGHBOUR_SHARE_2 if share2 is None else share2
     floor = min(scores.values()) if floor is None else floor
     base = {u: s - floor for u, s in scores.items()}
     pool = set(base) | {u + d for u in base for d in (-2, -1, 1, 2) if u + d > 0}

@@ -264,11 +264,11 @@ def test_within_one_step_counts_the_payload_or_the_first_page_against_truncation
         {"question": "Missing evidence?", "answer": "x", "category": 1, "evidence": ["D9:9"]}]}
     asked: list[str] = []
 
-    def search(query: str) -> list[int]:  # the early turn: 2nd hit as asked, 9th (past the page) as keywords
+    def search(query: str) -> list[int]:  # the early turn: 2nd hit as asked, just past the page as keywords
         asked.append(query)
         if "town-2 " in query:
             return [0, 4]
-        return [10, 11, 12, 13, 14, 15, 16, 17, 4] if "TOWN-2 " in query else []
+        return [*range(10, 10 + onestep.PAGE), 4] if "TOWN-2 " in query else []
 
     rows = onestep.measure(conv, search, window=8_192, keywords=lambda q: q.upper())
     assert [r["category"] for r in rows] == ["4", "4"] and len(asked) == 4

