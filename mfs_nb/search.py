@@ -210,7 +210,8 @@ def smooth(scores: dict[int, float], share: float = NEIGHBOUR_SHARE, floor: floa
     share2 = NEIGHBOUR_SHARE_2 if share2 is None else share2
     floor = min(scores.values()) if floor is None else floor
     base = {u: s - floor for u, s in scores.items()}
-    pool = set(base) | {u + d for u in base for d in (-2, -1, 1, 2) if u + d > 0}
+    reach = (-2, -1, 1, 2) if share2 else (-1, 1)  # without the second ring, its turns do not join either
+    pool = set(base) | {u + d for u in base for d in reach if u + d > 0}
     out = {u: base.get(u, 0.0) + share * max(base.get(u - 1, 0.0), base.get(u + 1, 0.0))
            + share2 * max(base.get(u - 2, 0.0), base.get(u + 2, 0.0)) for u in pool}
     return sorted(out.items(), key=lambda kv: (-kv[1], kv[0]))

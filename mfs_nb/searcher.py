@@ -254,6 +254,8 @@ class Searcher:
         events = self.host.events()
         if 0 < uid <= len(events) and events[uid - 1].uid == uid:
             return events[uid - 1]
+        if not events or uid > events[-1].uid:  # past the end (a neighbour of the newest turns): no scan
+            return None
         return next((e for e in events if e.uid == uid), None)
 
     def _ranking(self, rows: list[tuple[dict[str, Any], float]], info: dict[tuple[str, int], dict[str, Any]],

@@ -37,6 +37,17 @@ def test_fuse_rewards_agreement_and_is_deterministic():
     assert S.fuse([["x", "y"], ["y", "x"]]) == S.fuse([["x", "y"], ["y", "x"]])
 
 
+def test_smoothing_lends_a_share_to_neighbours_one_and_two_turns_away():
+    scores = dict(S.smooth({10: 3.0, 30: 1.0}, floor=0.0))
+    assert scores[10] == 3.0 and scores[11] == scores[9] == 1.5  # one turn away: half the better neighbour's
+    assert scores[12] == scores[8] == pytest.approx(3.0 * S.NEIGHBOUR_SHARE_2)  # two away: the second ring's share
+    assert 13 not in scores and scores[30] == 1.0 and {28, 29, 31, 32} <= set(scores)
+    near = dict(S.smooth({10: 3.0, 12: 2.0}, floor=0.0))  # a turn between two hits takes the better one
+    assert near[11] == 1.5 and near[12] == pytest.approx(2.0 + 3.0 * S.NEIGHBOUR_SHARE_2)
+    ring_off = dict(S.smooth({10: 3.0}, floor=0.0, share2=0.0))  # the ablation: the recipe before the ring
+    assert set(ring_off) == {9, 10, 11}
+
+
 def test_check_query_bad_input_gets_one_line_errors():
     for bad in ("", "   ", b"\xff\xfe", None, 3):
         with pytest.raises(InputError):
