@@ -239,6 +239,19 @@ def test_the_budget_suite_reads_both_strategies_from_what_they_sent():
     assert equal["size"] - max(message_tokens(m) for m in messages) < equal["truncated"] <= equal["size"]
 
 
+def test_the_one_step_page_is_the_page_recall_search_returns_by_default():
+    import inspect
+
+    from mfs_nb.bench import onestep
+    from mfs_nb.mcp_server import Memory
+    from mfs_nb.session import Session
+    from mfs_nb.tools import SEARCH_SCHEMA
+
+    assert inspect.signature(Session._search_tool).parameters["k"].default == onestep.PAGE
+    assert inspect.signature(Memory.recall_search).parameters["k"].default == onestep.PAGE
+    assert f"default {onestep.PAGE}," in SEARCH_SCHEMA["properties"]["k"]["description"]
+
+
 def test_within_one_step_counts_the_payload_or_the_first_page_against_truncation_and_plain_bm25():
     from mfs_nb.bench import onestep
 
