@@ -144,7 +144,8 @@ class Searcher:
                 if found is not None:
                     ranked["vector@dates"] = self._ranking(found, info, roles, lo, hi)
         if "latent" in methods and ranked:
-            latent = self._latent_ranking(query, ranked, info, role, roles, uid_from, uid_to, notices)
+            latent = self._latent_ranking(query, ranked, info, role, roles, uid_from, uid_to, notices,
+                                          progress["vectors_upto"] or 0)
             if latent is not None:
                 ranked["latent"] = latent
         notices += self.index.notices
@@ -172,12 +173,15 @@ class Searcher:
 
     def _latent_ranking(self, query: str, ranked: dict[str, list[tuple[str, int]]],
                         info: dict[tuple[str, int], dict[str, Any]], role: Any, roles: list[str],
-                        uid_from: int | None, uid_to: int | None, notices: list[str]
+                        uid_from: int | None, uid_to: int | None, notices: list[str], indexed: int = 0
                         ) -> list[tuple[str, int]] | None:
         """The candidates the other rankings found (and their neighbours) ranked once more by the dot
         product of their latent terms with the query's: a third, learned view of the same words.
-        None when the embedder has no latent terms, or when some candidate has none stored yet (an
-        older store is filled in the background): a vote for only some of them would tilt the fusion."""
+        None when the embedder has no latent terms, or when some candidate the index has reached
+        (`indexed`: its vectors' last uid) has none stored yet (an older store is filled in the
+        background): a vote for only some of them would tilt the fusion. Events past `indexed` (the
+        newest, found by reading the log) get no vote here, as they get none from the vectors; before,
+        one of them among the candidates or their neighbours took this ranking from the whole search."""
         embedder = self.index.model()
         latent = S.latent_of(embedder)
         if embedder is None or latent is None or self.index.latent_failed:
@@ -194,7 +198,7 @@ class Searcher:
             notices.append(f"latent terms could not be read ({type(exc).__name__}); search fused full text and vectors")
             return None
         have = {(r["kind"], int(r["uid"])) for r in rows}
-        if not rows or any(item not in have for item in found):
+        if not rows or any(item not in have for item in found if item[0] != "event" or item[1] <= indexed):
             return None
         q = dict(zip(*terms))
         scored = [(r, sum(q.get(t, 0.0) * w for t, w in zip(r["terms"], r["weights"]))) for r in rows]

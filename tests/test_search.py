@@ -387,6 +387,18 @@ def test_latent_terms_rerank_what_the_other_methods_found(store_dir, monkeypatch
         s.search(query, 2, methods=("latent",))
 
 
+def test_the_newest_events_the_index_has_not_reached_do_not_take_the_latent_ranking_from_a_search(store_dir, monkeypatch):
+    s = _indexed_pools(store_dir, monkeypatch, _LatentEmbedder())
+    monkeypatch.setattr(s.indexer, "kick", lambda force=False: None)  # the index stays where it is
+    s.record("user", "pool size for the queue is nine", new_turn=True)
+    s.record("assistant", "ok")
+    hits = s.search("invoice pool size", 5, methods=("fts", "latent"))
+    assert hits.methods == ("fts", "latent")  # the four indexed events still get their latent vote
+    uids = [h.uid for h in hits]
+    assert 5 in uids and uids.index(3) < uids.index(1)  # the new one is found by reading the log; billing ~ invoice
+    assert any("indexed up to uid 4 of 6" in n for n in hits.notices)
+
+
 def test_a_reply_gets_the_latent_terms_of_the_message_before_it_and_each_text_is_read_once(store_dir, monkeypatch):
     from collections import Counter
 
