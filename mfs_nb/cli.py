@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import MfsError
+from .search import PAGE
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -27,7 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("query")
     f.add_argument("--store", help="the LanceDB store (default: $MFS_STORE, else ./.mfs)")
     f.add_argument("--session", default="default", help="session name (default: default)")
-    f.add_argument("--k", default="10", help="how many hits (default 10)")
+    f.add_argument("--k", default=str(PAGE), help=f"how many hits (default {PAGE})")
     f.add_argument("--role", choices=("user", "assistant", "tool", "segment"), help="only this role")
     f.add_argument("--json", dest="as_json", action="store_true", help="one JSON object per hit, one per line")
     i = sub.add_parser("import", help="bring other assistants' transcripts into sessions, word for word and recallable",

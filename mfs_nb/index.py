@@ -434,7 +434,7 @@ class Indexer:
         return (recent[-1][1] - recent[0][1]) / (recent[-1][0] - recent[0][0])
 
     # -- reading (searcher.Searcher) ---------------------------------------------------------
-    def search(self, query: Any, k: Any = 10, **options: Any) -> Results:
+    def search(self, query: Any, k: Any = S.PAGE, **options: Any) -> Results:
         """Hybrid search over this session's index (`Searcher.search`)."""
         return self.reader.search(query, k, **options)
 

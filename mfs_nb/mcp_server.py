@@ -24,7 +24,7 @@ from typing import Any
 
 from .errors import InputError, MfsError
 from .redaction import redact
-from .search import uid_bounds
+from .search import PAGE, uid_bounds
 from .searcher import reading
 from .session import Session, valid_session_name
 from .store import Store
@@ -107,7 +107,7 @@ class Memory:
                 lines.append(f"{name} · no messages")
         return _page("\n".join(lines), 1)
 
-    def recall_search(self, query: Any, k: Any = 10, session: Any = None, role: Any = None, uid_from: Any = None,
+    def recall_search(self, query: Any, k: Any = PAGE, session: Any = None, role: Any = None, uid_from: Any = None,
                       uid_to: Any = None, date_from: Any = None, date_to: Any = None) -> str:
         if not isinstance(query, str) or not query.strip():
             raise Refused("query must be some words to look for")
@@ -285,7 +285,7 @@ def build(memory: Memory) -> Any:
         "Best with short keyword-and-name queries. Optional: session (else every session), role "
         "(user/assistant/tool/segment), uid_from/uid_to, date_from/date_to (ISO dates). Returns "
         "`session [#uid role · turn · score] snippet` lines; read one with recall_history."))
-    def recall_search(query: str, k: int = 10, session: str | None = None, role: str | None = None,
+    def recall_search(query: str, k: int = PAGE, session: str | None = None, role: str | None = None,
                       uid_from: int | None = None, uid_to: int | None = None, date_from: str | None = None,
                       date_to: str | None = None) -> str:
         return guarded(memory.recall_search)(query, k, session, role, uid_from, uid_to, date_from, date_to)

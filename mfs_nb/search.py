@@ -46,6 +46,7 @@ NEIGHBOUR_SHARE = 0.5
 NEIGHBOUR_SHARE_2 = 0.35  # the neighbour two turns away
 MAX_QUERY_CHARS = 2_000
 MAX_K = 100
+PAGE = 10  # the hits a search returns unless asked for more: the tool, the magic, the CLI, MCP
 SNIPPET_CHARS = 240
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")

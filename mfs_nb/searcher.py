@@ -81,7 +81,7 @@ class Searcher:
         self._latent_queries = _LATENT_QUERIES
         self._ordered: tuple[int, bool] = (-1, True)  # (events seen, their stamps in time order)
 
-    def search(self, query: Any, k: Any = 10, *, role: str | Sequence[str] | None = None,
+    def search(self, query: Any, k: Any = S.PAGE, *, role: str | Sequence[str] | None = None,
                uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,
                methods: Sequence[str] = S.METHODS) -> Results:
         """Hybrid search over this session's index. Bad input raises InputError with one line."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from .errors import InputError
 from .events import Event
+from .search import MAX_K, PAGE
 
 MAX_RESULT_CHARS = 60_000
 # Results of the memory layer's own tools are paginated to this share of the usable window, and S2
@@ -55,7 +56,7 @@ SEARCH_SCHEMA = {
     "properties": {
         "query": {"type": "string", "description": "a few keywords and names, not a sentence (e.g. 'billing "
                                                    "pool size', 'Caroline adoption agency'); any language"},
-        "k": {"type": "integer", "description": "how many hits (default 10, at most 100)"},
+        "k": {"type": "integer", "description": f"how many hits (default {PAGE}, at most {MAX_K})"},
         "role": {"type": "string", "enum": ["user", "assistant", "tool", "segment"],
                  "description": "only messages of this role, e.g. user for what the user said (optional)"},
         "date_from": {"type": "string", "description": "only messages written from this ISO date (optional)"},

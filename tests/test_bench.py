@@ -247,6 +247,7 @@ def test_the_one_step_page_is_the_page_recall_search_returns_by_default():
     from mfs_nb.session import Session
     from mfs_nb.tools import SEARCH_SCHEMA
 
+    assert onestep.PAGE == 10
     assert inspect.signature(Session._search_tool).parameters["k"].default == onestep.PAGE
     assert inspect.signature(Memory.recall_search).parameters["k"].default == onestep.PAGE
     assert f"default {onestep.PAGE}," in SEARCH_SCHEMA["properties"]["k"]["description"]

@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import search as S
 from ..replay import normalise, replay
 from ..tokens import message_tokens
 from . import atoms, baselines
@@ -33,7 +34,7 @@ from .atom_text import _STOP, _stem
 from .data import to_openai
 
 WINDOW = 16_384  # the payload both sides are measured at
-PAGE = 10  # recall_search's default k: the hits one call returns (8 until 2026-12-05)
+PAGE = S.PAGE  # recall_search's default k: the hits one call returns (8 until 2026-12-05)
 BM25_K = 10  # the plain retrieval's top k
 K1, B = 1.2, 0.75  # BM25's usual constants
 

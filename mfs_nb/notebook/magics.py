@@ -22,6 +22,7 @@ from traitlets import Int, TraitError, Unicode, observe, validate
 from traitlets.config import Configurable
 
 from ..errors import InputError, MfsError
+from ..search import PAGE
 from ..settings import Settings
 from .commands import MfsCommands
 from .display import Progress, Rich, Stream, has_frontend, show_preview
@@ -302,7 +303,7 @@ class MfsMagics(MfsCommands, Magics, Configurable):
                 words = shlex.split(line)
             except ValueError as exc:
                 raise InputError(f"%recall: {exc}; quote the text like %recall \"pool size\"") from None
-            k: Any = 10
+            k: Any = PAGE
             if len(words) == 3 and words[1] == "--k":
                 k = words[2]
             elif len(words) != 1:

@@ -12,7 +12,7 @@ from .. import lang
 from ..errors import InputError
 from ..events import Event, now_iso
 from ..search import METHODS as SEARCH_METHODS
-from ..search import Results, uid_bounds
+from ..search import PAGE, Results, uid_bounds
 from ..tools import (
     format_events,
     format_hits,
@@ -85,7 +85,7 @@ class Memory(Intake):
         return self.indexer.search(query, k, role=role, uid_from=uid_from, uid_to=uid_to, neighbours=neighbours,
                                    methods=methods)
 
-    def _search_tool(self, query: Any = "", k: Any = 10, role: Any = None, uid_from: Any = None,
+    def _search_tool(self, query: Any = "", k: Any = PAGE, role: Any = None, uid_from: Any = None,
                      uid_to: Any = None, date_from: Any = None, date_to: Any = None) -> str:
         lo, hi = (parse_range(uid_from, uid_to) if uid_from is not None else (None, None))
         if uid_from is None and uid_to is not None:
