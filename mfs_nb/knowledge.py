@@ -47,6 +47,12 @@ FORGET_SCHEMA = {
     "required": ["key"],
 }
 FORGET_DESCRIPTION = "Remove a value you or the user kept in the knowledge slot when it no longer holds."
+# the short forms offered at a small window (tools.SHORT_BELOW)
+REMEMBER_SHORT = ("Keep an exact value in the knowledge slot, shown in every request.", {
+    "type": "object", "properties": {"key": {"type": "string"}, "value": {"type": "string"}},
+    "required": ["key", "value"]})
+FORGET_SHORT = ("Remove a key from the knowledge slot.", {
+    "type": "object", "properties": {"key": {"type": "string"}}, "required": ["key"]})
 
 
 @dataclass(frozen=True)

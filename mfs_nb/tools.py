@@ -24,17 +24,26 @@ MEMORY_SHARE = 0.08
 MIN_MEMORY_CHARS = 2_000
 
 
+# Below this usable window (an 8k window's 6,840 tokens; a 16k window's is 13,680) the memory tools are
+# offered in their short form (`Tool.short`): the four full schemas take about 680 tokens of every
+# request, a tenth of an 8k window, standing before the raw tail like a layer of the budget; the short
+# ones keep each tool's use and the search's advice on queries in about 40 % of that (issue 43).
+SHORT_BELOW = 10_000
+
+
 @dataclass(frozen=True)
 class Tool:
     name: str
     description: str
     parameters: dict[str, Any]
     run: Callable[..., str]
+    short: tuple[str, dict[str, Any]] | None = None  # (description, parameters) offered at a small window
 
-    def schema(self) -> dict[str, Any]:
-        """The OpenAI tool schema."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
+    def schema(self, short: bool = False) -> dict[str, Any]:
+        """The OpenAI tool schema (its short form with `short`, when the tool has one)."""
+        description, parameters = self.short if short and self.short else (self.description, self.parameters)
+        return {"type": "function", "function": {"name": self.name, "description": description,
+                                                 "parameters": parameters}}
 
 
 RECALL_SCHEMA = {
@@ -49,6 +58,10 @@ RECALL_DESCRIPTION = (
     "Return the original messages of this conversation with uids uid_from..uid_to, word for word, "
     "with their roles. Works for any uid ever written, compressed or not."
 )
+
+RECALL_SHORT = ("Read messages uid_from..uid_to word for word.", {
+    "type": "object", "properties": {"uid_from": {"type": "integer"}, "uid_to": {"type": "integer"}},
+    "required": ["uid_from"]})
 
 
 SEARCH_SCHEMA = {
@@ -71,6 +84,12 @@ SEARCH_DESCRIPTION = (
     "Query with a few keywords and names; narrow with role or dates when you know them. "
     "Returns uids with a snippet each; then call recall_history with a uid to read the original."
 )
+SEARCH_SHORT = ("Search all of this conversation, also what is out of context, by a few keywords and names; "
+                "read a hit with recall_history.", {
+                    "type": "object", "properties": {
+                        "query": {"type": "string"}, "role": {"type": "string", "enum": ["user", "assistant"]},
+                        "date_from": {"type": "string"}, "date_to": {"type": "string"}},
+                    "required": ["query"]})
 
 
 def memory_result_chars(effective_tokens: int, chars_per_token: float = 3.5) -> int:

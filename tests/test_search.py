@@ -794,6 +794,29 @@ def test_the_search_tool_takes_dates_and_says_when_none_match(store_dir):
     assert set(SEARCH_SCHEMA["properties"]) >= {"date_from", "date_to", "role"}
 
 
+def test_a_small_window_offers_the_memory_tools_short_and_counts_what_it_sends(store_dir):
+    """Below tools.SHORT_BELOW usable tokens the four memory tools come in their short form: the same
+    tools and required arguments, the search's advice on queries kept, under 60 % of the tokens; the
+    meter counts the form that is sent."""
+    fake = FakeLLM()
+    small = Session("short", store=store_dir, window_tokens=8192, recall_index=False, llm=fake)
+    large = Session("long", store=store_dir, window_tokens=32768, recall_index=False, llm=FakeLLM())
+    names = [t["function"]["name"] for t in small._tool_schemas()]
+    assert names == [t["function"]["name"] for t in large._tool_schemas()]
+    assert {"recall_history", "recall_search", "remember", "forget"} <= set(names)
+    for a, b in zip(small._tool_schemas(), large._tool_schemas()):
+        pa, pb = a["function"]["parameters"], b["function"]["parameters"]
+        assert pa["required"] == pb["required"] and set(pa["properties"]) <= set(pb["properties"])
+        assert len(json.dumps(a)) < len(json.dumps(b))
+    assert small._tool_schema_tokens() < 0.6 * large._tool_schema_tokens()
+    search = next(t["function"] for t in small._tool_schemas() if t["function"]["name"] == "recall_search")
+    assert "keywords and names" in search["description"] and {"date_from", "role"} <= set(search["parameters"]["properties"])
+    small.chat("hello")
+    assert fake.tools_seen[-1] == small._tool_schemas()  # what the meter counts is what the model got
+    small.record("user", "the harbour crane was repaired", new_turn=True)
+    assert "[#" in call_tool(small.tools, "recall_search", json.dumps({"query": "harbour crane"}))
+
+
 def test_model_fetches_a_fact_from_a_compacted_range_by_search_then_recall(store_dir):
     """Given only the payload and the two recall tools, the (scripted) model finds the fact."""
     fake = FakeLLM(default="Noted.")

@@ -25,6 +25,7 @@ from ..settings import Settings
 from ..store import Store, UidConflict
 from ..tokens import message_tokens
 from ..tools import (
+    SHORT_BELOW,
     Tool,
 )
 from ..track import VerbatimTrack
@@ -187,7 +188,7 @@ class SessionBase:
 
     def _check_overhead(self, profile: ContextProfile, settings: Settings) -> None:
         overhead = message_tokens({"role": "system", "content": system_prompt(settings.system_prompt)})
-        overhead += self._tool_schema_tokens(settings)
+        overhead += self._tool_schema_tokens(settings, profile.effective)
         if overhead > profile.effective * MAX_MESSAGE_SHARE:
             raise ConfigError(
                 f"window of {profile.window_tokens:,} tokens is too small: the system prompt and tool schemas "
@@ -207,11 +208,14 @@ class SessionBase:
             (NOTEBOOK_TOOLS if not settings.notebook_tools else ())
         return {name: t for name, t in self.tools.items() if name not in off}
 
-    def _tool_schemas(self, settings: Settings | None = None) -> list[dict[str, Any]]:
-        return [t.schema() for t in self._offered(settings).values()]
+    def _tool_schemas(self, settings: Settings | None = None, effective: int | None = None) -> list[dict[str, Any]]:
+        """The offered tools' schemas: their short forms below `SHORT_BELOW` usable tokens (`effective`,
+        the session's own when None)."""
+        short = (self.profile().effective if effective is None else effective) < SHORT_BELOW
+        return [t.schema(short) for t in self._offered(settings).values()]
 
-    def _tool_schema_tokens(self, settings: Settings | None = None) -> int:
-        schemas = self._tool_schemas(settings)
+    def _tool_schema_tokens(self, settings: Settings | None = None, effective: int | None = None) -> int:
+        schemas = self._tool_schemas(settings, effective)
         return _text_tokens(json.dumps(schemas)) if schemas else 0
 
     # -- the log ---------------------------------------------------------------------------

@@ -20,8 +20,10 @@ from ..index import Indexer
 from ..knowledge import (
     FORGET_DESCRIPTION,
     FORGET_SCHEMA,
+    FORGET_SHORT,
     REMEMBER_DESCRIPTION,
     REMEMBER_SCHEMA,
+    REMEMBER_SHORT,
     KnowledgeSlot,
 )
 from ..llm import LLM, Completion, missing_key
@@ -34,8 +36,10 @@ from ..store import Store
 from ..tools import (
     RECALL_DESCRIPTION,
     RECALL_SCHEMA,
+    RECALL_SHORT,
     SEARCH_DESCRIPTION,
     SEARCH_SCHEMA,
+    SEARCH_SHORT,
     Tool,
     call_tool,
 )
@@ -108,10 +112,11 @@ class Session(Memory):
         self._cache_key = "mfs-" + hashlib.sha256(f"{self.store.uri}\x1f{name}".encode()).hexdigest()[:24]
         self._cache_anchor: tuple[int, str] | None = None
         self.tools: dict[str, Tool] = {}
-        self.register_tool(Tool("recall_history", RECALL_DESCRIPTION, RECALL_SCHEMA, self._recall_tool))
-        self.register_tool(Tool("recall_search", SEARCH_DESCRIPTION, SEARCH_SCHEMA, self._search_tool))
-        self.register_tool(Tool("remember", REMEMBER_DESCRIPTION, REMEMBER_SCHEMA, self._remember_tool))
-        self.register_tool(Tool("forget", FORGET_DESCRIPTION, FORGET_SCHEMA, self._forget_tool))
+        self.register_tool(Tool("recall_history", RECALL_DESCRIPTION, RECALL_SCHEMA, self._recall_tool, RECALL_SHORT))
+        self.register_tool(Tool("recall_search", SEARCH_DESCRIPTION, SEARCH_SCHEMA, self._search_tool, SEARCH_SHORT))
+        self.register_tool(Tool("remember", REMEMBER_DESCRIPTION, REMEMBER_SCHEMA, self._remember_tool,
+                                REMEMBER_SHORT))
+        self.register_tool(Tool("forget", FORGET_DESCRIPTION, FORGET_SCHEMA, self._forget_tool, FORGET_SHORT))
         # by time, not by seq: each kernel numbers its own rows, and the latest write of a key wins
         self.knowledge = KnowledgeSlot(sorted((r for r in ledger if r["kind"] == "knowledge"),
                                               key=lambda r: r["time"]))
