@@ -2,7 +2,8 @@
 
 `Indexer` keeps the recall index of a session up to date in a background thread: every event
 (user, assistant, tool result, attached document, cut into chunks) and every segment's prose
-gets a text row (full-text indexed at once) and, in batches, a vector row in the table of the
+gets a text row (full-text indexed at once; every `search.WINDOW_EVENTS` events also make one row of
+the coarse index, in a table of its own) and, in batches, a vector row in the table of the
 session's embedding model, with its latent terms. The encoder reads each text once (`row_vectors`,
 `pooled`): a first chunk takes the event before it into account by pooling with that event's
 vector and terms, not by a second pass. A turn only wakes the thread; it never waits for it. Watermarks in
@@ -38,6 +39,7 @@ from .index_rows import (
     plain_rows,
     rows_for_events,
     rows_for_segment,
+    rows_for_window,
 )
 from .search import Results
 from .searcher import Searcher, last_search, searching
@@ -61,6 +63,7 @@ CONTEXT_WEIGHT = 0.5  # a first chunk's vector: its own plus this much of the ev
 LATENT_SEEN = 256  # texts whose latent terms the indexer keeps (the event before a row was usually just read)
 OPTIMIZE_EVERY = 2_000  # rows written (text and vector rows) between index optimisations
 LATENT = "#latent"  # the latent terms' watermark is the model's, with this suffix
+WINDOWS = "#windows"  # the coarse index's watermark: the last uid of the last window written
 LATENT_EVENTS = 8  # events per step when latent terms are filled in for an older store
 RATE_WINDOW_S = 600  # the indexing rate a status line shows is measured over the last ten minutes of writes
 
@@ -160,11 +163,23 @@ class Indexer:
             events = list(self.host.events())
             segments = list(self.host.segments())
             turns = {e.uid: e.turn for e in events}
-            text_upto, text_seg = store.recall_state(name, "")
+            states = store.recall_states(name, ["", WINDOWS])
+            text_upto, text_seg = states[""]
+            win_upto = states[WINDOWS][0]
+            by_uid = {e.uid: e for e in events}
+            n_rows = 0
+            while win_upto + S.WINDOW_EVENTS <= text_upto:  # an older store's windows, in steps
+                if self._stop:
+                    return {"text_rows": n_rows, "vector_rows": 0}
+                self._yield_to_turn()
+                rows = _window_rows(name, by_uid, win_upto, min(text_upto, win_upto + TEXT_EVENTS))
+                store.index_text(rows)
+                win_upto = rows[-1]["uid_to"] if rows else text_upto
+                store.save_recall_state(name, WINDOWS, win_upto, 0)
+                n_rows += len(rows)
             new_events = [e for e in events if e.uid > text_upto]
             new_segs = [x for x in segments if x.id > text_seg]
             before = next((e for e in reversed(events) if e.uid <= text_upto), None)
-            n_rows = 0
             for i in range(0, max(len(new_events), 1), TEXT_EVENTS):  # a long backlog in steps, between turns
                 if self._stop:
                     return {"text_rows": n_rows, "vector_rows": 0}
@@ -174,6 +189,8 @@ class Indexer:
                 last = i + TEXT_EVENTS >= len(new_events)
                 if last:
                     rows += [r for x in new_segs for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
+                wins = _window_rows(name, by_uid, win_upto, max([text_upto] + [e.uid for e in step]))
+                rows += wins
                 if rows:
                     store.index_text(rows)
                 if step or (last and new_segs):
@@ -181,6 +198,9 @@ class Indexer:
                     if last:
                         text_seg = max([text_seg] + [x.id for x in new_segs])
                     store.save_recall_state(name, "", text_upto, text_seg)
+                if wins:  # a window is complete every WINDOW_EVENTS events: one more small write then
+                    win_upto = wins[-1]["uid_to"]
+                    store.save_recall_state(name, WINDOWS, win_upto, 0)
                 before = step[-1] if step else before
                 n_rows += len(rows)
                 # the vector tables are folded with it when the embedder is loaded (never loaded for this)
@@ -445,6 +465,14 @@ class Indexer:
         self.reader.embed_queries(embedder, queries, keep)
 
 
+
+
+def _window_rows(session: str, by_uid: dict[int, Event], after: int, upto: int) -> list[dict[str, Any]]:
+    """The coarse index's rows of the windows complete by `upto` that start after `after` (a window's end)."""
+    rows = []
+    for lo in range(after + 1, upto - S.WINDOW_EVENTS + 2, S.WINDOW_EVENTS):
+        rows += rows_for_window(session, [by_uid[u] for u in range(lo, lo + S.WINDOW_EVENTS) if u in by_uid])
+    return rows
 
 
 def pooled(own: Any, before: Any) -> Any:

@@ -1,6 +1,6 @@
 """The rows of a session's recall index (docs/architecture.md, "Recall"): what each event and each
 segment's prose becomes in the text table (cut into chunks, each with its place: kind, uids, turn,
-role), the fields a vector or latent-terms row shares with it, and whether a segment row is still in
+role), the coarse index's windows of events there, the fields a vector or latent-terms row shares with it, and whether a segment row is still in
 force. Pure: the writer (`index`) and the reader (`searcher`) both build on it.
 """
 
@@ -60,6 +60,16 @@ def rows_for_segment(session: str, seg: Segment, turn: int) -> list[dict[str, An
     return [{**r, "key": f"{r['key']}\x1f{seg.id}"} for r in
             (_row(session, "segment", seg.uid_from, seg.uid_to, turn, "segment", i, c)
              for i, c in enumerate(S.chunks(seg.prose)))]
+
+
+def rows_for_window(session: str, events: Sequence[Event]) -> list[dict[str, Any]]:
+    """The coarse index's row for the events of one window (`search.window_bounds`, uids dense): their
+    texts, each cut to `search.WINDOW_EVENT_CHARS`, joined by `search.WINDOW_SEP`, as one full-text
+    document (no vector, no latent terms)."""
+    if not events:
+        return []
+    text = S.WINDOW_SEP.join(event_text(e)[:S.WINDOW_EVENT_CHARS].replace(S.WINDOW_SEP, " ") for e in events)
+    return [_row(session, "window", events[0].uid, events[-1].uid, events[-1].turn, "window", 0, text)]
 
 
 def segment_in_force(row: dict[str, Any], ids: set[int], ranges: set[tuple[int, int]]) -> bool:

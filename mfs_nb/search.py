@@ -9,6 +9,8 @@ return; the same functions serve the tool, the magic, the CLI and the benchmark.
 - `cjk_text` keeps the CJK runs of a text for the n-gram full-text column (the word tokenizer
   sees a Chinese sentence as one over-long token and drops it);
 - `fuse` is reciprocal-rank fusion of any number of ranked lists;
+- `window_ranking` turns the scores of the coarse index (windows of `WINDOW_EVENTS` events, each one
+  full-text document) into a ranking of the events inside them;
 - `snippet` is the window of a text around the query's terms;
 - `keywords` are the few topic words a segment header lists, chosen deterministically;
 - `time_windows` reads the dates a query names ("in May 2023", "on 8 May, 2023", "2023-05-08",
@@ -41,7 +43,17 @@ MAX_CHUNKS = 32  # rows per event; the rest of a huge result is still in the log
 # temporal 0.850 → 0.872, multi-hop unchanged (0.25 and 0.15 gained less; a third ring nothing).
 RRF_K = 10
 METHODS = ("fts", "vector", "latent")  # latent terms re-rank what the other two found
-WEIGHTS = {"fts": 1.0, "vector": 1.0, "latent": 1.0}
+WEIGHTS = {"fts": 1.0, "vector": 1.0, "latent": 1.0, "window": 0.5}
+# The coarse index (issue 44): every WINDOW_EVENTS events of the log, in fixed steps (uids 1-20,
+# 21-40, ...), are one more full-text document; a question whose words stand spread over a few turns
+# of one topic finds the window, and the turns inside it join the fusion ranked by their window's
+# score (their own full-text score orders them within it). Chosen on the LoCoMo evidence benchmark
+# (2026-12-05, development loop): windows of 20 without overlap did as well as overlapping ones of
+# 10-20 at half the index; 20 did better than 4, 6 and 10; weight 0.5 better than 1.0.
+WINDOW_EVENTS = 20
+WINDOW_EVENT_CHARS = 1_000  # of each event's text in its window: a long tool result does not make it
+WINDOW_OWN = 0.1  # a turn's own full-text score, beside its window's
+WINDOW_SEP = "\x1e"  # between the events of a window's text (the word index reads it as a space)
 NEIGHBOUR_SHARE = 0.5
 NEIGHBOUR_SHARE_2 = 0.35  # the neighbour two turns away
 MAX_QUERY_CHARS = 2_000
@@ -198,6 +210,57 @@ def fuse(ranked: Sequence[Sequence[str]], k: int = RRF_K, weights: Sequence[floa
     return sorted(score.items(), key=lambda kv: (-kv[1], order[kv[0]]))
 
 
+def window_bounds(uid: int, n: int = WINDOW_EVENTS) -> tuple[int, int]:
+    """The uids of the coarse-index window that holds `uid` (fixed steps of `n` from uid 1)."""
+    lo = (uid - 1) // n * n + 1
+    return lo, lo + n - 1
+
+
+def _window_terms(text: str) -> list[str]:
+    """The terms a window is scored by: lower-cased words less `STOP`, and CJK character pairs."""
+    cjk = cjk_text(text).replace(" ", "")
+    return ([w for w in re.findall(r"\w+", latin_text(text).lower()) if w not in STOP]
+            + [cjk[i:i + 2] for i in range(len(cjk) - 1)])
+
+
+def window_scores(texts: dict[int, str], query: str, windows: int) -> tuple[dict[int, float], dict[int, float]]:
+    """BM25 of `query` over the windows the full text found (first uid -> text, its events' texts
+    joined by `WINDOW_SEP`), the terms' document frequencies counted among them, `windows` the number
+    the session has; and each event's own score (uid -> score) with the same weights of the terms.
+    The full-text engine's statistics span every session of the store, where a session's own names
+    (its speakers, its project) are rare; within the session they stand in most windows and say little."""
+    terms = set(_window_terms(query))
+    if not terms or not texts:
+        return {}, {}
+    parts = {u: [_window_terms(x) for x in t.split(WINDOW_SEP)] for u, t in texts.items()}
+    docs = {u: [w for p in ps for w in p] for u, ps in parts.items()}
+    n = max(windows, len(docs))
+    df = Counter(w for d in docs.values() for w in set(d) & terms)
+    idf = {w: math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5)) for w in df}
+
+    def bm25(words: list[str], avg: float) -> float:
+        tf, norm = Counter(w for w in words if w in idf), 1.2 * (0.25 + 0.75 * len(words) / (avg or 1.0))
+        return sum(idf[w] * f * 2.2 / (f + norm) for w, f in tf.items())
+
+    avg_window = sum(map(len, docs.values())) / len(docs)
+    events = [p for ps in parts.values() for p in ps]
+    avg_event = sum(map(len, events)) / max(len(events), 1)
+    own = {u + i: bm25(p, avg_event) for u, ps in parts.items() for i, p in enumerate(ps)}
+    return {u: bm25(d, avg_window) for u, d in docs.items()}, own
+
+
+def window_ranking(windows: dict[int, float], own: dict[int, float], n: int = WINDOW_EVENTS) -> list[int]:
+    """The events inside the windows found (first uid -> score, higher is better), best window first;
+    within a window, by `WINDOW_OWN` of their own score (`own`, uid -> score; 0 when not found), then
+    by uid."""
+    score: dict[int, float] = {}
+    for lo, s in windows.items():
+        if s > 0:
+            for u in range(lo, lo + n):
+                score[u] = max(score.get(u, 0.0), s + WINDOW_OWN * own.get(u, 0.0))
+    return sorted(score, key=lambda u: (-score[u], u))
+
+
 def smooth(scores: dict[int, float], share: float = NEIGHBOUR_SHARE, floor: float | None = None,
            share2: float | None = None) -> list[tuple[int, float]]:
     """Candidates (uid -> score, higher is better) re-ranked with their neighbours: each score,
@@ -270,6 +333,17 @@ def where(session: str, role: str | Sequence[str] | None = None, uid_from: int |
         parts.append(f"role IN ({', '.join(q(r) for r in roles)})")
     if uid_from is not None:
         parts.append(f"uid >= {int(uid_from)}")
+    if uid_to is not None:
+        parts.append(f"uid <= {int(uid_to)}")
+    return " AND ".join(parts)
+
+
+def window_where(session: str, uid_from: int | None = None, uid_to: int | None = None) -> str:
+    """The filter of a search of the coarse index (its own table): the session's windows that overlap
+    the uid range."""
+    parts = [f"session = '{session.replace(chr(39), chr(39) * 2)}'"]
+    if uid_from is not None:
+        parts.append(f"uid_to >= {int(uid_from)}")
     if uid_to is not None:
         parts.append(f"uid <= {int(uid_to)}")
     return " AND ".join(parts)

@@ -10,6 +10,7 @@ directly — and the results say so.
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 import threading
 import time
@@ -148,6 +149,10 @@ class Searcher:
                                           progress["vectors_upto"] or 0)
             if latent is not None:
                 ranked["latent"] = latent
+        if "fts" in methods and "segment" not in roles:  # the coarse index: the turns of the windows found
+            windows = self._window_ranking(query, roles, uid_from, uid_to)
+            if windows:
+                ranked["window"] = windows
         notices += self.index.notices
         names = list(ranked)
         fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names],
@@ -203,6 +208,20 @@ class Searcher:
         q = dict(zip(*terms))
         scored = [(r, sum(q.get(t, 0.0) * w for t, w in zip(r["terms"], r["weights"]))) for r in rows]
         return self._ranking(scored, info, roles, uid_from, uid_to, 0.0)
+
+    def _window_ranking(self, query: str, roles: list[str], uid_from: int | None, uid_to: int | None
+                        ) -> list[tuple[str, int]]:
+        """The events inside the coarse index's windows that match the query, the windows and their
+        events scored within this session (`search.window_scores`), the events ranked by their window,
+        then by their own score (`search.window_ranking`): those the search admits, the first CANDIDATES. It joins the fusion after the latent ranking,
+        which re-ranks only what the turn-level methods found."""
+        texts = {int(r["uid"]): r["text"] for r, _ in
+                 self._fts(query, S.window_where(self.host.name, uid_from, uid_to), windows=True)}
+        found, own = S.window_scores(texts, query, self.index.last_uid() // S.WINDOW_EVENTS)
+        if not found:
+            return []
+        admitted = (u for u in S.window_ranking(found, own) if self._admits(u, roles, uid_from, uid_to))
+        return [("event", u) for u in itertools.islice(admitted, CANDIDATES)]
 
     def _query_latent(self, embedder: Any, latent: Any, query: str) -> tuple[list[int], list[float]] | None:
         """The query's latent terms, kept like its vector; None when they fail (this query only)."""
@@ -313,14 +332,15 @@ class Searcher:
         return (e is not None and (not roles or e.role in roles) and (uid_from is None or uid >= uid_from)
                 and (uid_to is None or uid <= uid_to))
 
-    def _fts(self, query: str, where: str) -> list[tuple[dict[str, Any], float]]:
-        """Full-text rows: the word column for Latin words, the n-gram column for CJK runs (a mixed
-        query adds both scores)."""
+    def _fts(self, query: str, where: str, windows: bool = False) -> list[tuple[dict[str, Any], float]]:
+        """Full-text rows (of the coarse index's windows with `windows`): the word column for Latin
+        words, the n-gram column for CJK runs (a mixed query adds both scores)."""
         out: list[tuple[dict[str, Any], float]] = []
         latin, cjk = S.fts_query(S.latin_text(query)), S.cjk_text(query)
         for text, is_cjk in ((latin, False), (cjk, True)):
             if text:
-                out += [(r, float(r["_score"])) for r in self.host.store.search_text(where, text, is_cjk, CANDIDATES)]
+                out += [(r, float(r["_score"])) for r in
+                        self.host.store.search_text(where, text, is_cjk, CANDIDATES, windows=windows)]
         return out
 
     def _vector(self, embedder: Any, query: str, where: str) -> list[tuple[dict[str, Any], float]] | None:

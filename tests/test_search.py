@@ -48,6 +48,45 @@ def test_smoothing_lends_a_share_to_neighbours_one_and_two_turns_away():
     assert set(ring_off) == {9, 10, 11}
 
 
+def test_window_scores_weigh_terms_within_the_session_and_score_each_event():
+    sep = S.WINDOW_SEP
+    texts = {1: sep.join(["Mel: hi", "Mel: I ran a charity race", "Mel: for the shelter"]),
+             21: sep.join(["Mel: pottery class", "Mel: the race was fun", "Mel: bye"]),
+             41: sep.join(["Mel: painting", "Mel: a sunset", "Mel: more paint"])}
+    windows, own = S.window_scores(texts, "Mel charity race shelter", 3)
+    assert windows[1] > windows[21] > 2 * windows[41] > 0.0  # the words of the question, spread over a window
+    assert min(own[2], own[3]) > own[1] > 0.0 and own[22] > own[21]  # each event, by the same term weights
+    alone, _ = S.window_scores({1: "Mel: hi", 21: "Mel: bye"}, "Mel", 2)
+    assert alone[1] < windows[1] / 4  # a name in every window of the session says little
+    assert S.window_scores(texts, "the and", 3) == ({}, {})
+    ranked = S.window_ranking({21: 2.0, 1: 5.0}, {3: 1.0}, n=3)
+    assert ranked[:3] == [3, 1, 2] and ranked[3:] == [21, 22, 23]  # best window first, its best event first
+
+
+def test_the_coarse_index_finds_turns_whose_words_are_spread_over_a_window(store_dir, monkeypatch):
+    """Windows of WINDOW_EVENTS events are written as they fill (and for an older store, afterwards);
+    a query whose words stand in several turns of one window finds those turns through it."""
+    monkeypatch.setattr(S, "WINDOW_EVENTS", 10_000)  # first indexed without windows: an older store
+    s = _fts_session(store_dir)
+    for i in range(1, 46):
+        text = {23: "the lighthouse keeper wrote again", 25: "about the storm shutters",
+                27: "and the harbour ferry schedule"}.get(i, f"ordinary message number {i}")
+        s.record("user" if i % 2 else "assistant", text, new_turn=i % 2 == 1)
+    assert s.indexer.wait(60)
+    assert s.store.recall_state("s", "#windows") == (0, 0)
+    monkeypatch.setattr(S, "WINDOW_EVENTS", 20)
+    s.indexer.catch_up(vectors=False)  # the older store's windows are filled in; 41-45 wait for their window
+    assert s.store.recall_state("s", "#windows")[0] == 40
+    found = s.search("lighthouse storm ferry", 10)
+    window_hits = [h.uid for h in found if "window" in h.via]
+    assert {23, 25, 27} <= set(window_hits) and "window" in found.methods
+    assert [h.uid for h in found][:3] != [] and all(21 <= u <= 40 for u in window_hits)
+    assert all(h.role == "user" for h in s.search("lighthouse storm ferry", 10, role="user"))
+    for i in range(46, 61):
+        s.record("user", f"later message {i}", new_turn=True)
+    assert s.indexer.wait(60) and s.store.recall_state("s", "#windows")[0] == 60  # written as a window fills
+
+
 def test_check_query_bad_input_gets_one_line_errors():
     for bad in ("", "   ", b"\xff\xfe", None, 3):
         with pytest.raises(InputError):

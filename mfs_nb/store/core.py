@@ -93,6 +93,7 @@ class StoreCore:
         # tables opened on first use (they may not exist: a store never indexed, a session never charted)
         self._calls_table: Any = None
         self._recall_text_table: Any = None
+        self._recall_windows_table: Any = None
         self._recall_state_table: Any = None
         self._recall_vector_tables: dict[str, Any] = {}
         self._recall_latent_tables: dict[str, Any] = {}

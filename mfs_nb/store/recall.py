@@ -19,6 +19,7 @@ from .schemas import (
     RECALL_STATE_SCHEMA,
     RECALL_TEXT,
     RECALL_TEXT_SCHEMA,
+    RECALL_WINDOWS,
     _ensure_scalar_indexes,
     _ensure_text_indexes,
     _quantized,
@@ -34,16 +35,19 @@ from .schemas import (
 class RecallTables(StoreCore):
     # -- recall index ("Recall" in docs/architecture.md): text rows with full-text indexes, vectors per
     # embedding model --------------------------------------------------------------------------------
-    def _recall_text(self, create: bool = True) -> Any:
-        """The text table of the recall index; without `create`, None when it does not exist (a search
-        of a store that was never indexed, which may be read-only, finds nothing instead of failing)."""
-        if self._recall_text_table is None:
+    def _recall_text(self, create: bool = True, name: str = RECALL_TEXT) -> Any:
+        """The text table of the recall index (or, `name` RECALL_WINDOWS, of its coarse index: a table
+        of its own, so the long windows do not weigh on the events' word statistics); without `create`,
+        None when it does not exist (a search of a store that was never indexed, which may be read-only,
+        finds nothing instead of failing)."""
+        attr = "_recall_windows_table" if name == RECALL_WINDOWS else "_recall_text_table"
+        if getattr(self, attr) is None:
             with self._lock:
                 if create:
-                    table = self._table(RECALL_TEXT, RECALL_TEXT_SCHEMA)
+                    table = self._table(name, RECALL_TEXT_SCHEMA)
                 else:
                     try:
-                        table = self._db.open_table(RECALL_TEXT)
+                        table = self._db.open_table(name)
                     except (FileNotFoundError, ValueError):
                         return None
                 try:
@@ -51,8 +55,8 @@ class RecallTables(StoreCore):
                 except Exception as exc:
                     if create or not read_only_error(exc):
                         raise
-                self._recall_text_table = table
-        return self._recall_text_table
+                setattr(self, attr, table)
+        return getattr(self, attr)
 
     def _recall_vectors(self, model_id: str, dim: int | None = None) -> Any:
         """The vector table of one embedding model (None when it does not exist and `dim` is None)."""
@@ -77,12 +81,14 @@ class RecallTables(StoreCore):
     def index_text(self, rows: list[dict[str, Any]]) -> None:
         """Text rows of the recall index (idempotent on their key): the columns of RECALL_TEXT_SCHEMA only,
         so an older table's `words` stays empty."""
-        if rows:
-            with self._writing(RECALL_TEXT):
-                table = self._recall_text()
-                rows = [{k: r.get(k) for k in RECALL_TEXT_SCHEMA.names} for r in rows]
-                table.merge_insert("key").when_not_matched_insert_all().execute(
-                    pa.Table.from_pylist(rows, schema=table.schema))
+        for name in (RECALL_TEXT, RECALL_WINDOWS):  # the coarse index's windows to their own table
+            part = [{k: r.get(k) for k in RECALL_TEXT_SCHEMA.names} for r in rows
+                    if (r["kind"] == "window") == (name == RECALL_WINDOWS)]
+            if part:
+                with self._writing(name):
+                    table = self._recall_text(name=name)
+                    table.merge_insert("key").when_not_matched_insert_all().execute(
+                        pa.Table.from_pylist(part, schema=table.schema))
 
     def index_vectors(self, model_id: str, rows: list[dict[str, Any]]) -> None:
         """Vector rows (same keys as the text rows) into the table of `model_id`; written once."""
@@ -177,9 +183,11 @@ class RecallTables(StoreCore):
                 where="source.events_upto >= target.events_upto AND source.segments_upto >= target.segments_upto"
             ).when_not_matched_insert_all().execute(pa.Table.from_pylist([row], schema=RECALL_STATE_SCHEMA))
 
-    def search_text(self, where: str, query: str, cjk: bool, limit: int) -> list[dict[str, Any]]:
-        """Full-text search on the word column (or the CJK n-gram column), filtered first."""
-        table = self._recall_text(create=False)
+    def search_text(self, where: str, query: str, cjk: bool, limit: int, windows: bool = False
+                    ) -> list[dict[str, Any]]:
+        """Full-text search on the word column (or the CJK n-gram column), filtered first; of the
+        coarse index's windows with `windows`."""
+        table = self._recall_text(create=False, name=RECALL_WINDOWS if windows else RECALL_TEXT)
         if table is None:  # nothing was ever indexed
             return []
         column = "cjk" if cjk else "text"
@@ -253,6 +261,9 @@ class RecallTables(StoreCore):
         text = self._recall_text()
         text.optimize(cleanup_older_than=keep)
         done["text_rows"] = text.count_rows()
+        windows = self._recall_text(create=False, name=RECALL_WINDOWS)
+        if windows is not None:
+            windows.optimize(cleanup_older_than=keep)
         table = self._recall_vectors(model_id) if model_id else None
         if table is not None:
             rows = table.count_rows()

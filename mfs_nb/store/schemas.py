@@ -148,6 +148,7 @@ def _quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 RECALL_TEXT = "recall_text"
+RECALL_WINDOWS = "recall_windows"  # the coarse index: windows of events, one full-text document each
 RECALL_STATE = "recall_state"
 # Below this many vectors a flat scan is exact and fast enough (measured: `mfs-nb bench recall`).
 ANN_MIN_ROWS = 50_000
@@ -156,7 +157,7 @@ RECALL_TEXT_SCHEMA = pa.schema(
     [
         ("key", pa.string()),
         ("session", pa.string()),
-        ("kind", pa.string()),  # event | segment
+        ("kind", pa.string()),  # event | segment (| window, in RECALL_WINDOWS)
         ("uid", pa.int64()),  # an event's uid; a segment's first uid
         ("uid_to", pa.int64()),
         ("turn", pa.int64()),
