@@ -172,7 +172,7 @@ class Indexer:
                 if self._stop:
                     return {"text_rows": n_rows, "vector_rows": 0}
                 self._yield_to_turn()
-                rows = _window_rows(name, by_uid, win_upto, min(text_upto, win_upto + TEXT_EVENTS))
+                rows = window_rows(name, by_uid, win_upto, min(text_upto, win_upto + TEXT_EVENTS))
                 store.index_text(rows)
                 win_upto = rows[-1]["uid_to"] if rows else text_upto
                 store.save_recall_state(name, WINDOWS, win_upto, 0)
@@ -189,7 +189,7 @@ class Indexer:
                 last = i + TEXT_EVENTS >= len(new_events)
                 if last:
                     rows += [r for x in new_segs for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
-                wins = _window_rows(name, by_uid, win_upto, max([text_upto] + [e.uid for e in step]))
+                wins = window_rows(name, by_uid, win_upto, max([text_upto] + [e.uid for e in step]))
                 rows += wins
                 if rows:
                     store.index_text(rows)
@@ -467,7 +467,7 @@ class Indexer:
 
 
 
-def _window_rows(session: str, by_uid: dict[int, Event], after: int, upto: int) -> list[dict[str, Any]]:
+def window_rows(session: str, by_uid: dict[int, Event], after: int, upto: int) -> list[dict[str, Any]]:
     """The coarse index's rows of the windows complete by `upto` that start after `after` (a window's end)."""
     rows = []
     for lo in range(after + 1, upto - S.WINDOW_EVENTS + 2, S.WINDOW_EVENTS):

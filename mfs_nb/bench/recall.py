@@ -41,7 +41,7 @@ import numpy as np
 from .. import search as S
 from ..embed import LATENT_TERMS
 from ..events import Event, now_iso
-from ..index import IDLE_CORES_S, INDEX_FIELDS, latent_row, plain_rows, rows_for_events
+from ..index import IDLE_CORES_S, INDEX_FIELDS, WINDOWS, latent_row, plain_rows, rows_for_events, window_rows
 from ..llm import Completion
 from ..session import Session
 from ..store import ANN_MIN_ROWS, Store
@@ -266,9 +266,10 @@ def latency(data: Data, root: Path, sizes: tuple[int, ...]) -> list[dict[str, An
                 s.indexer.embed_queries(embedder, [q])
                 probe.append(time.perf_counter() - t)
         started = time.perf_counter()
+        by_uid = {e.uid: e for e in s._events}
         for i in range(0, n, 10_000):  # the indexer's own rows, with random vectors in place of embeddings
             rows = rows_for_events(s._events[i:i + 10_000], s._events[i - 1] if i else None)
-            store.index_text(rows)
+            store.index_text(rows + window_rows("big", by_uid, i, i + 10_000))  # and the coarse index's
             vecs = rng.standard_normal((len(rows), 384)).astype(np.float32)
             vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
             store.index_vectors(embedder.model_id, [{k: r[k] for k in INDEX_FIELDS} | {"vector": v}
@@ -278,6 +279,7 @@ def latency(data: Data, root: Path, sizes: tuple[int, ...]) -> list[dict[str, An
             store.index_latent(embedder.model_id, [latent_row(r, (t, w))
                                                    for r, t, w in zip(rows, terms.tolist(), weights.tolist())])
         store.save_recall_state("big", "", n, 0)
+        store.save_recall_state("big", WINDOWS, n // S.WINDOW_EVENTS * S.WINDOW_EVENTS, 0)
         store.save_recall_state("big", embedder.model_id, n, 0)
         write_s = time.perf_counter() - started
         started = time.perf_counter()
