@@ -173,8 +173,10 @@ class Indexer:
                     return {"text_rows": n_rows, "vector_rows": 0}
                 self._yield_to_turn()
                 rows = window_rows(name, by_uid, win_upto, min(text_upto, win_upto + TEXT_EVENTS))
+                if not rows:  # events this process has not read yet: their windows wait
+                    break
                 store.index_text(rows)
-                win_upto = rows[-1]["uid_to"] if rows else text_upto
+                win_upto = rows[-1]["uid_to"]
                 store.save_recall_state(name, WINDOWS, win_upto, 0)
                 n_rows += len(rows)
             new_events = [e for e in events if e.uid > text_upto]
@@ -435,12 +437,13 @@ class Indexer:
         `load` False, only if the embedder is already loaded: `%mfs status` must stay instant)."""
         store, name = self.host.store, self.host.name
         embedder = self.model() if load else (self.host.embedder(False) if not self.failed else None)
-        states = store.recall_states(name, ["", embedder.model_id] if embedder is not None else [""])
+        states = store.recall_states(name, ["", WINDOWS] + ([embedder.model_id] if embedder is not None else []))
         text_upto = states[""][0]
         vec_upto = states[embedder.model_id][0] if embedder is not None else 0
         last = self.last_uid()
         rate = self.rate() if embedder is not None and vec_upto < last else None
-        return {"last_uid": last, "text_upto": text_upto, "vectors_upto": vec_upto if embedder else None,
+        return {"last_uid": last, "text_upto": text_upto, "windows_upto": states[WINDOWS][0],
+                "vectors_upto": vec_upto if embedder else None,
                 "model": embedder.model_id if embedder is not None else None, "failed": self.failed,
                 "rate": rate, "eta_s": (last - vec_upto) / rate if rate else None}
 
@@ -468,10 +471,13 @@ class Indexer:
 
 
 def window_rows(session: str, by_uid: dict[int, Event], after: int, upto: int) -> list[dict[str, Any]]:
-    """The coarse index's rows of the windows complete by `upto` that start after `after` (a window's end)."""
+    """The coarse index's rows of the windows that start after `after` (a window's end, on the grid of
+    `search.WINDOW_EVENTS` from uid 1) and end by `upto` and by the newest event this process knows
+    (another kernel may have indexed events it has not read yet: their window waits for them)."""
+    n, known = S.WINDOW_EVENTS, max(by_uid, default=0)
     rows = []
-    for lo in range(after + 1, upto - S.WINDOW_EVENTS + 2, S.WINDOW_EVENTS):
-        rows += rows_for_window(session, [by_uid[u] for u in range(lo, lo + S.WINDOW_EVENTS) if u in by_uid])
+    for lo in range(after + 1, min(upto, known) - n + 2, n):
+        rows += rows_for_window(session, lo, [by_uid.get(u) for u in range(lo, lo + n)])
     return rows
 
 

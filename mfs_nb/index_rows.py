@@ -62,14 +62,17 @@ def rows_for_segment(session: str, seg: Segment, turn: int) -> list[dict[str, An
              for i, c in enumerate(S.chunks(seg.prose)))]
 
 
-def rows_for_window(session: str, events: Sequence[Event]) -> list[dict[str, Any]]:
-    """The coarse index's row for the events of one window (`search.window_bounds`, uids dense): their
-    texts, each cut to `search.WINDOW_EVENT_CHARS`, joined by `search.WINDOW_SEP`, as one full-text
-    document (no vector, no latent terms)."""
-    if not events:
+def rows_for_window(session: str, lo: int, events: Sequence[Event | None]) -> list[dict[str, Any]]:
+    """The coarse index's row for the window of uids lo .. lo + len(events) - 1: the events' texts (a
+    uid missing from the log stands as an empty text, so the i-th part is always uid lo + i), each cut
+    to `search.WINDOW_EVENT_CHARS`, joined by `search.WINDOW_SEP`, as one full-text document (no
+    vector, no latent terms)."""
+    present = [e for e in events if e is not None]
+    if not present:
         return []
-    text = S.WINDOW_SEP.join(event_text(e)[:S.WINDOW_EVENT_CHARS].replace(S.WINDOW_SEP, " ") for e in events)
-    return [_row(session, "window", events[0].uid, events[-1].uid, events[-1].turn, "window", 0, text)]
+    text = S.WINDOW_SEP.join(event_text(e)[:S.WINDOW_EVENT_CHARS].replace(S.WINDOW_SEP, " ") if e else ""
+                             for e in events)
+    return [_row(session, "window", lo, lo + len(events) - 1, present[-1].turn, "window", 0, text)]
 
 
 def segment_in_force(row: dict[str, Any], ids: set[int], ranges: set[tuple[int, int]]) -> bool:

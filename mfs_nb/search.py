@@ -210,12 +210,6 @@ def fuse(ranked: Sequence[Sequence[str]], k: int = RRF_K, weights: Sequence[floa
     return sorted(score.items(), key=lambda kv: (-kv[1], order[kv[0]]))
 
 
-def window_bounds(uid: int, n: int = WINDOW_EVENTS) -> tuple[int, int]:
-    """The uids of the coarse-index window that holds `uid` (fixed steps of `n` from uid 1)."""
-    lo = (uid - 1) // n * n + 1
-    return lo, lo + n - 1
-
-
 def _window_terms(text: str) -> list[str]:
     """The terms a window is scored by: lower-cased words less `STOP`, and CJK character pairs."""
     cjk = cjk_text(text).replace(" ", "")
@@ -249,10 +243,11 @@ def window_scores(texts: dict[int, str], query: str, windows: int) -> tuple[dict
     return {u: bm25(d, avg_window) for u, d in docs.items()}, own
 
 
-def window_ranking(windows: dict[int, float], own: dict[int, float], n: int = WINDOW_EVENTS) -> list[int]:
+def window_ranking(windows: dict[int, float], own: dict[int, float], n: int | None = None) -> list[int]:
     """The events inside the windows found (first uid -> score, higher is better), best window first;
     within a window, by `WINDOW_OWN` of their own score (`own`, uid -> score; 0 when not found), then
     by uid."""
+    n = WINDOW_EVENTS if n is None else n
     score: dict[int, float] = {}
     for lo, s in windows.items():
         if s > 0:

@@ -111,6 +111,8 @@ class Searcher:
                 self.index.kick(force=True)
                 notices.append(f"indexed up to uid {progress['text_upto']} of {self.index.last_uid()}: the newer "
                                "events are searched by their words directly while indexing continues")
+        elif progress["windows_upto"] + S.WINDOW_EVENTS <= progress["text_upto"] and self.host.store.writable():
+            self.index.kick(force=True)  # an older store's coarse index, filled in the background
         roles = [role] if isinstance(role, str) else list(role or [])
         info: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, uid) -> its best row
         ranked: dict[str, list[tuple[str, int]]] = {}

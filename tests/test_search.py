@@ -63,6 +63,20 @@ def test_window_scores_weigh_terms_within_the_session_and_score_each_event():
     assert ranked[:3] == [3, 1, 2] and ranked[3:] == [21, 22, 23]  # best window first, its best event first
 
 
+def test_window_rows_keep_the_grid_through_gaps_and_wait_for_unread_events():
+    from mfs_nb.events import Event
+    from mfs_nb.index import window_rows
+
+    events = {u: Event(u, "s", u, "user", f"word{u}") for u in range(1, 46) if u != 5}  # uid 5 missing
+    rows = window_rows("s", events, 0, 60)  # the store says 60; this process knows up to 45
+    assert [(r["uid"], r["uid_to"]) for r in rows] == [(1, 20), (21, 40)]
+    parts = rows[0]["text"].split(S.WINDOW_SEP)
+    assert len(parts) == 20 and parts[4] == "" and parts[5] == "word6"  # part i is uid 1 + i
+    _, own = S.window_scores({1: rows[0]["text"]}, "word6", 3)
+    assert max(own, key=own.get) == 6
+    assert window_rows("s", events, 20, 39) == []  # a window is written only once it is whole
+
+
 def test_the_coarse_index_finds_turns_whose_words_are_spread_over_a_window(store_dir, monkeypatch):
     """Windows of WINDOW_EVENTS events are written as they fill (and for an older store, afterwards);
     a query whose words stand in several turns of one window finds those turns through it."""

@@ -430,7 +430,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "(question words and filler left out by the harness's own word list, as a model writes a tool query), "
             "e.g. 'When did Caroline go to the LGBTQ support group?' -> 'Caroline LGBTQ support group'",
             f"{NEAR}: the same hybrid search with smoothing's second ring left out (a hit lends nothing to uid±2): "
-            "the recipe served before 2026-12-05",
+            "the recipe served before 2026-12-05 had neither the ring nor the coarse index",
             f"{COARSE}: the same hybrid search without the coarse index (windows of {S.WINDOW_EVENTS} events, each one "
             "full-text document scored within its session; the turns of the windows found join the fusion at weight "
             f"{S.WEIGHTS['window']}): the recipe served before 2026-12-05's windows",
