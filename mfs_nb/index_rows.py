@@ -1,7 +1,8 @@
 """The rows of a session's recall index (docs/architecture.md, "Recall"): what each event and each
 segment's prose becomes in the text table (cut into chunks, each with its place: kind, uids, turn,
-role), the coarse index's windows of events there, the fields a vector or latent-terms row shares with it, and whether a segment row is still in
-force. Pure: the writer (`index`) and the reader (`searcher`) both build on it.
+role), the coarse index's windows of events, the fields a vector or latent-terms row shares with a
+text row, and whether a segment row is still in force. Pure: the writer (`index`) and the reader
+(`searcher`) both build on it.
 """
 
 from __future__ import annotations

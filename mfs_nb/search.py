@@ -336,7 +336,7 @@ def where(session: str, role: str | Sequence[str] | None = None, uid_from: int |
 def window_where(session: str, uid_from: int | None = None, uid_to: int | None = None) -> str:
     """The filter of a search of the coarse index (its own table): the session's windows that overlap
     the uid range."""
-    parts = [f"session = '{session.replace(chr(39), chr(39) * 2)}'"]
+    parts = [where(session)]
     if uid_from is not None:
         parts.append(f"uid_to >= {int(uid_from)}")
     if uid_to is not None:
