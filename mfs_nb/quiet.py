@@ -16,11 +16,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+RERUNS = 3  # the most runs a work may ask for after the first of a quiet stretch
+
 
 class Quiet:
     """Runs `work(stop)` once after each stretch of turns, when none has started for `quiet_s()`
     seconds; `stop()` tells the work that a turn is waiting. A work that returns a number of seconds
-    runs once more after that long, if nothing has started the clock again meanwhile."""
+    runs once more after that long, if nothing has started the clock again meanwhile, and so on up to
+    `RERUNS` times in a stretch (other writers to the store could keep a work asking forever)."""
 
     def __init__(self, work: Callable[[Callable[[], bool]], Any], quiet_s: Callable[[], float], name: str = ""):
         self._work = work
@@ -34,7 +37,8 @@ class Quiet:
         self._thread: threading.Thread | None = None
         self._closed = False
         self.runs = 0
-        self._again = False  # the run now due is a second run the work asked for
+        self._again = False  # the run now due is one the work asked for
+        self._reruns = 0  # runs the work asked for in this quiet stretch
 
     def turn_started(self) -> None:
         with self._lock:
@@ -46,7 +50,7 @@ class Quiet:
         if self._quiet_s() <= 0 or self._closed:
             return
         with self._lock:
-            self._last, self._due, self._again = time.monotonic(), True, False
+            self._last, self._due, self._again, self._reruns = time.monotonic(), True, False, 0
             self._wake.set()
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._loop, daemon=True, name=f"mfs-quiet-{self._name}")
@@ -66,20 +70,22 @@ class Quiet:
                 if left <= 0:
                     self._due = False
                     turns = self._turns
+                    self._reruns += self._again
                 self._wake.clear()
             if left > 0:
                 self._wake.wait(left)
                 continue
-            again, rerun = None, self._again
+            again = None
             try:
                 again = self._work(lambda started=turns: self._closed or self._turns != started)
             except Exception:  # maintenance is an optimisation; the work logs what it did
                 pass
             self.runs += 1
             with self._lock:
-                # the work asks to run once more after `again` seconds, unless a turn came or comes first;
-                # a run that was itself such a second run asks for nothing (other writers could keep it going)
-                self._again = bool(again) and not rerun and not self._due and not self._closed and self._turns == turns
+                # the work asks to run once more after `again` seconds, unless a turn came or comes first,
+                # or it has asked RERUNS times in this stretch already
+                self._again = (bool(again) and self._reruns < RERUNS and not self._due and not self._closed
+                               and self._turns == turns)
                 if self._again:
                     self._due, self._last = True, time.monotonic() + float(again or 0) - quiet
 

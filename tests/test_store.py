@@ -236,20 +236,38 @@ def test_a_turn_that_starts_stops_the_quiet_fold_between_tables():
     assert off._thread is None
 
 
-def test_a_second_quiet_run_asks_for_no_third_and_a_turn_under_way_cancels_it():
-    """Other writers to the store (another kernel, another session's index) would make every run find
-    something rewritten: only the first run of a quiet stretch may ask for another."""
-    from mfs_nb.quiet import Quiet
+def test_quiet_runs_asked_for_stop_at_reruns_or_when_the_work_asks_no_more_and_a_turn_under_way_cancels_them():
+    """A fold can rewrite again in the run it asked for (the first left two fragments the second
+    merged), so a run asked for may ask once more; other writers to the store (another kernel,
+    another session's index) could make every run find something rewritten, so at most RERUNS runs
+    follow the first of a quiet stretch."""
+    from mfs_nb.quiet import RERUNS, Quiet
 
     runs: list[float] = []
-    q = Quiet(lambda stop: (runs.append(time.monotonic()), 0.2)[1], lambda: 0.3)
+    q = Quiet(lambda stop: (runs.append(time.monotonic()), 0.2)[1], lambda: 0.3)  # always asks again
     q.turn_started()
     q.turn_ended()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (len(runs) < 2 or not q.settled()):
+    while time.monotonic() < deadline and (len(runs) < 1 + RERUNS or not q.settled()):
         time.sleep(0.05)
     time.sleep(0.6)
-    assert len(runs) == 2 and q.settled()
+    assert len(runs) == 1 + RERUNS and q.settled()
+    q.turn_ended()  # a new stretch may ask again as many times
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (len(runs) < 2 * (1 + RERUNS) or not q.settled()):
+        time.sleep(0.05)
+    time.sleep(0.6)
+    assert len(runs) == 2 * (1 + RERUNS) and q.settled()
+
+    asks = [0.2, 0.2, None, 0.2]  # the third run rewrote nothing: it asks for nothing, and nothing follows
+    runs.clear()
+    q = Quiet(lambda stop: (runs.append(time.monotonic()), asks[len(runs) - 1])[1], lambda: 0.3)
+    q.turn_ended()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (len(runs) < 3 or not q.settled()):
+        time.sleep(0.05)
+    time.sleep(0.6)
+    assert len(runs) == 3 and q.settled()
 
     def starts_a_turn(stop):
         q.turn_started()  # a turn begins as the run ends: no second run while it is under way
