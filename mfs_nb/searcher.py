@@ -14,7 +14,7 @@ import itertools
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -84,14 +84,16 @@ class Searcher:
 
     def search(self, query: Any, k: Any = S.PAGE, *, role: str | Sequence[str] | None = None,
                uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,
-               methods: Sequence[str] = S.METHODS) -> Results:
-        """Hybrid search over this session's index. Bad input raises InputError with one line."""
+               methods: Sequence[str] = S.METHODS, shown: Collection[int] = ()) -> Results:
+        """Hybrid search over this session's index. Bad input raises InputError with one line. The
+        events in `shown` (uids the caller's model already has word for word) are left out of the hits,
+        so the page holds what it does not: a notice says how many."""
         with reading():
             return self._search(query, k, role=role, uid_from=uid_from, uid_to=uid_to, neighbours=neighbours,
-                                methods=methods)
+                                methods=methods, shown=shown)
 
     def _search(self, query: Any, k: Any, *, role: str | Sequence[str] | None, uid_from: int | None,
-                uid_to: int | None, neighbours: int, methods: Sequence[str]) -> Results:
+                uid_to: int | None, neighbours: int, methods: Sequence[str], shown: Collection[int] = ()) -> Results:
         query, k = S.check_query(query, k)
         if not 0 <= int(neighbours) <= 5:
             raise InputError(f"neighbours must be between 0 and 5 (got {neighbours})")
@@ -160,6 +162,13 @@ class Searcher:
         names = list(ranked)
         fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names],
                        weights=[S.WEIGHTS[m.split("@")[0]] for m in names])
+        if shown:  # what the model has in front of it word for word takes no place on its page
+            seen = {x for x, _ in fused if x.startswith("event:") and _item(x)[1] in shown}
+            left = [_item(x)[1] for x, _ in fused[:k] if x in seen]
+            fused = [(x, sc) for x, sc in fused if x not in seen]
+            if left:
+                notices.append(f"found in your context word for word, so left out of this page: "
+                               f"{', '.join(f'#{u}' for u in left)}")
         seg_texts = self.host.store.index_texts([info[(kd, u)]["key"] for kd, u in
                                               (_item(x) for x, _ in fused[:k]) if kd == "segment"])
         hits: list[Hit] = []

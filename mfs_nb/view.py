@@ -60,6 +60,12 @@ class SendView:
     def raw_uids(self) -> set[int]:
         return {u for u in self.uids if u is not None}
 
+    def shown_uids(self) -> set[int]:
+        """The events the payload shows whole, word for word (the raw tail, less what clearing trimmed,
+        cleared or pruned): a search for the model leaves them out of its page (`recall_search`)."""
+        forms = self.forms or ["full"] * len(self.uids)
+        return {u for u, f in zip(self.uids, forms) if u is not None and f == "full"}
+
 
 def pair_tool_messages(events: Sequence[Event]) -> list[tuple[dict[str, Any], int | None]]:
     """Messages for `events`, with every tool call and tool result paired (see module doc)."""

@@ -277,9 +277,11 @@ def test_within_one_step_counts_the_payload_or_the_first_page_against_truncation
         {"question": "Is this a trap?", "answer": "no", "category": 5, "evidence": ["D1:0"]},  # adversarial: left out
         {"question": "Missing evidence?", "answer": "x", "category": 1, "evidence": ["D9:9"]}]}
     asked: list[str] = []
+    shown_seen: list[set[int]] = []
 
-    def search(query: str) -> list[int]:  # the early turn: 2nd hit as asked, just past the page as keywords
+    def search(query: str, shown: set[int]) -> list[int]:  # the early turn: 2nd hit as asked, just past the page as keywords
         asked.append(query)
+        shown_seen.append(shown)
         if "town-2 " in query:
             return [0, 4]
         return [*range(10, 10 + onestep.PAGE), 4] if "TOWN-2 " in query else []
@@ -290,6 +292,10 @@ def test_within_one_step_counts_the_payload_or_the_first_page_against_truncation
     assert early["search"] and not early["search_keywords"] and not early["truncate"]
     assert late["payload"] and late["truncate"] and not late["search"]
     assert early["bm25"]  # "town-2" and "room" are words of the evidence turn
+    # the search is told what the final payload shows word for word (the raw tail, by the engine's account)
+    shown = shown_seen[0]
+    assert all(x == shown for x in shown_seen) and 598 in shown and 599 not in shown and 4 not in shown
+    assert shown == set(range(min(shown), 599))  # the newest messages, up to the one the last call answers
     r = onestep.rates(rows)
     assert r["questions"] == 2 and r["mfs_nb"] == 1.0 and r["truncate"] == 0.5
     assert r["mfs_nb_keywords"] == 0.5 + 0.5 * early["payload"] and r["truncate_bm25"] == 1.0

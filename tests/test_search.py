@@ -840,8 +840,9 @@ def test_the_search_tool_takes_dates_and_says_when_none_match(store_dir):
     s.record("user", "harbour fees went up", new_turn=True, created_at="2026-03-09T09:00:00Z")
     assert s.indexer.wait(60)
     found = s._search_tool("harbour crane", 8, date_from="2026-03-05", date_to="2026-03-05")
-    assert "[#2 " in found and "[#1 " not in found and "[#3 " not in found  # a date alone: its whole day
-    assert "[#1 " not in s._search_tool("harbour", 8, date_from="2026-03-02")
+    # a date alone: its whole day (the three turns are in the payload: the page names them, left out)
+    assert "#2" in found and "#1" not in found and "#3" not in found
+    assert "#1" not in s._search_tool("harbour", 8, date_from="2026-03-02")
     assert "no messages were written in that date range" in s._search_tool("harbour", 8, date_from="2027-01-01")
     with pytest.raises(InputError, match="ISO date"):
         s._search_tool("harbour", 8, date_to="next week")
@@ -868,7 +869,8 @@ def test_a_small_window_offers_the_memory_tools_short_and_counts_what_it_sends(s
     small.chat("hello")
     assert fake.tools_seen[-1] == small._tool_schemas()  # what the meter counts is what the model got
     small.record("user", "the harbour crane was repaired", new_turn=True)
-    assert "[#" in call_tool(small.tools, "recall_search", json.dumps({"query": "harbour crane"}))
+    found = call_tool(small.tools, "recall_search", json.dumps({"query": "harbour crane"}))
+    assert f"#{small.events[-1].uid}" in found  # found (and named as in the payload already)
 
 
 def test_model_fetches_a_fact_from_a_compacted_range_by_search_then_recall(store_dir):
@@ -903,6 +905,35 @@ def test_model_fetches_a_fact_from_a_compacted_range_by_search_then_recall(store
     assert reply.text == "Your grandmother's cat is called Biscuit."
     offered = {t["function"]["name"] for t in fake.tools_seen[-3]}
     assert {"recall_history", "recall_search"} <= offered
+
+
+def test_the_search_tool_leaves_out_what_the_payload_shows_word_for_word(store_dir):
+    """Issue 44: the model's page of hits is for what it does not have. Turns its payload shows whole
+    (the raw tail) are left out of the tool's page and named in a note; the next hits take their
+    places; a compacted turn is found as before; `Session.search` (the notebook's, the CLI's) leaves
+    nothing out unless asked."""
+    s = Session("shown", store=store_dir, window_tokens=4096, llm=FakeLLM(default="Noted."),
+                background_compaction=False, recall_index=True, embedding_model="off", verbatim_share=0,
+                fact_share=0)
+    s.chat("A family note for later: the cat of my grandmother is called Biscuit, and she keeps a pool.")
+    i = 0
+    while not any(x.uid_from <= 1 <= x.uid_to for x in s.compactor.segments):
+        s.chat(f"Turn {i}: the pool for service-{i % 7} should stay under {20 + i % 10} connections. " * 4)
+        i += 1
+        assert i < 80, "the first turn was never compacted"
+    s.chat("The pool heater failed with error E42 on service-9.")
+    last = s.events[-2].uid
+    assert s.indexer.wait(60)
+    shown = s.send_view().shown_uids()
+    assert shown and 1 not in shown and last in shown  # the last user turn is in the raw tail
+    every = [h.uid for h in s.search("pool heater error E42", 50)]
+    assert every[0] == last  # the plain search finds it first
+    page = s._search_tool("pool heater error E42", 5)
+    hits = [int(u) for u in re.findall(r"\[#(\d+) ", page)]
+    assert len(hits) == 5 and not set(hits) & shown  # five hits, none of them shown already
+    assert hits == [u for u in every if u not in shown][:5]  # the next ones, in the same order
+    assert "left out of this page" in page and f"#{last}" in page  # and the model is told where it is
+    assert "[#1 " in s._search_tool("grandmother cat Biscuit", 5)  # compacted: on the page as before
 
 
 # -- interfaces: CLI, %recall "text", the widget, segment headers ---------------------------------

@@ -6,7 +6,9 @@ conversations indexed already.
 Three ways, each at the same payload size (mfs_nb's final payload at `WINDOW`):
 
 - **mfs_nb**: its final payload after the conversation is replayed at `WINDOW`, or an evidence turn
-  in the first page of `recall_search` (its default of `PAGE` hits, hybrid search on the log).
+  in the first page of `recall_search` (its default of `PAGE` hits, hybrid search on the log; the
+  turns that payload shows word for word are left out of the page, as the tool leaves them out for
+  the model: until 2026-12-05 the page held them too).
 - **truncate**: the newest messages that fit the same number of tokens.
 - **truncate + BM25**: the same payload, or an evidence turn in the top `BM25_K` of a BM25 over the
   log — the simplest retrieval a user could put beside a chat (`bm25_top`, written here, not the
@@ -97,22 +99,36 @@ def truncated(messages: Sequence[dict[str, Any]], size: int) -> list[dict[str, A
     return [baselines.SYSTEM, *messages[start:]]
 
 
-def final_payload(messages: list[dict[str, Any]], window: int = WINDOW) -> list[dict[str, Any]]:
-    """mfs_nb's payload for the last call of the conversation replayed at `window`."""
-    last: list[list[dict[str, Any]]] = [[]]
-    replay(normalise(messages), window=window, on_call=lambda session, plan: last.__setitem__(0, plan.view.messages))
-    return last[0]
+def final_payload(messages: list[dict[str, Any]], window: int = WINDOW) -> tuple[list[dict[str, Any]], set[int]]:
+    """mfs_nb's payload for the last call of the conversation replayed at `window`, and the messages
+    (indices) that payload shows word for word by the engine's own account (`SendView.shown_uids`):
+    what `recall_search` leaves out of the model's page. An event is mapped to a message by its
+    place in the replay and kept only where their texts are the same."""
+    last: dict[str, Any] = {}
+
+    def keep(session: Any) -> None:
+        last["events"] = [(e.uid, e.content) for e in session.events]
+
+    replay(normalise(messages), window=window, on_call=lambda session, plan: last.__setitem__("view", plan.view),
+           keep=keep)
+    view, events = last.get("view"), last.get("events", [])
+    if view is None:
+        return [], set()
+    index = {uid: i for i, (uid, text) in enumerate(events)
+             if i < len(messages) and text == messages[i].get("content")}
+    return view.messages, {index[u] for u in view.shown_uids() if u in index}
 
 
-def measure(conv: dict[str, Any], search: Callable[[str], list[int]], window: int = WINDOW,
+def measure(conv: dict[str, Any], search: Callable[[str, set[int]], list[int]], window: int = WINDOW,
             keywords: Callable[[str], str] = str) -> list[dict[str, Any]]:
     """Per question: an evidence turn word for word in mfs_nb's final payload, in `search`'s page
     (message indices of the hits, at most `PAGE` read) for the question as asked and for `keywords` of
     it (the query a model writes), in truncation's payload of the same size, in BM25's top 10 for the
-    question as asked."""
+    question as asked. `search(query, shown)` is given the messages the final payload shows word for
+    word, as the model's tool leaves them out of its page (`final_payload`)."""
     messages = to_openai(conv["messages"])
     qs = questions(conv)
-    ours = final_payload(messages, window)
+    ours, shown = final_payload(messages, window)
     size = sum(message_tokens(m) for m in ours)
     mine, theirs = flat_text(ours), flat_text(truncated(messages, size))
     bm25 = BM25([f"{m.get('date', '')} {m.get('speaker', m['role'])}: {m['content']}" for m in conv["messages"]])
@@ -120,8 +136,8 @@ def measure(conv: dict[str, Any], search: Callable[[str], list[int]], window: in
     out = []
     for question, _answer, evidence, category in qs:
         out.append({"category": category, "payload": held(mine, turns, evidence),
-                    "search": bool(evidence & set(search(question)[:PAGE])),
-                    "search_keywords": bool(evidence & set(search(keywords(question))[:PAGE])),
+                    "search": bool(evidence & set(search(question, shown)[:PAGE])),
+                    "search_keywords": bool(evidence & set(search(keywords(question), shown)[:PAGE])),
                     "truncate": held(theirs, turns, evidence),
                     "bm25": bool(evidence & set(bm25.top(question)))})
     return out

@@ -207,8 +207,10 @@ def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, 
 
 
 def _page(s: Session) -> Any:
-    """recall_search's first page for a query, as message indices (uid − 1 in these sessions)."""
-    return lambda query: [h.uid - 1 for h in s.search(query, onestep.PAGE) if h.kind == "event"]
+    """recall_search's first page for a query, as message indices (uid − 1 in these sessions), less
+    the messages `shown` word for word in the final payload, as the tool leaves them out."""
+    return lambda query, shown: [h.uid - 1 for h in s.search(query, onestep.PAGE, shown={i + 1 for i in shown})
+                                 if h.kind == "event"]
 
 
 def chinese(data: Data, root: Path, quick: bool) -> dict[str, Any]:
@@ -437,7 +439,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             f"within one step (`bench/onestep.py`): an evidence turn's whole text in mfs_nb's markup-free final "
             f"payload after the conversation is replayed at {onestep.WINDOW:,} tokens, or among the {onestep.PAGE} hits "
             "of recall_search's first page (its default k; hybrid search on the question as asked, or on its "
-            "keywords); truncate: the newest messages that fit mfs_nb's final payload size; + BM25: or an evidence "
+            "keywords; the turns the final payload shows word for word left out of the page, as the tool leaves "
+            "them out for the model, since 2026-12-05); truncate: the newest messages that fit mfs_nb's final payload size; + BM25: or an evidence "
             f"turn in the top {onestep.BM25_K} of a BM25 over the log's turns (the harness's own: stemmed, stop words "
             "out, each turn with its session's date); adversarial questions left out",
             "full text: LanceDB native FTS, a word index (English stemming) on the text and a character 2-3-gram "

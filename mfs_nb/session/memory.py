@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,12 +78,13 @@ class Memory(Intake):
 
     def search(self, query: Any, k: Any = 10, *, role: str | Sequence[str] | None = None,
                uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,
-               methods: Sequence[str] = SEARCH_METHODS) -> Results:
+               methods: Sequence[str] = SEARCH_METHODS, shown: Collection[int] = ()) -> Results:
         """Hybrid search (full text + vectors, their candidates re-ranked by latent terms, all fused
         by reciprocal rank) over this session's log and segments. Hits carry uid, role, turn, score
-        and a snippet; read them with `recall`."""
+        and a snippet; read them with `recall`. Events in `shown` are left out of the hits (the model's
+        tool passes what its payload shows word for word: `SendView.shown_uids`)."""
         return self.indexer.search(query, k, role=role, uid_from=uid_from, uid_to=uid_to, neighbours=neighbours,
-                                   methods=methods)
+                                   methods=methods, shown=shown)
 
     def _search_tool(self, query: Any = "", k: Any = PAGE, role: Any = None, uid_from: Any = None,
                      uid_to: Any = None, date_from: Any = None, date_to: Any = None) -> str:
@@ -93,7 +94,7 @@ class Memory(Intake):
         lo, hi = uid_bounds(lambda: self._events, lo, hi, date_from or None, date_to or None)
         if lo is not None and hi is not None and lo > hi:
             return "no messages were written in that date range; try wider dates or none"
-        found = self.search(query, k, role=role or None, uid_from=lo, uid_to=hi)
+        found = self.search(query, k, role=role or None, uid_from=lo, uid_to=hi, shown=self.send_view().shown_uids())
         return format_hits(found, memory_result_chars(self.profile().effective))
 
     # -- table maintenance ---------------------------------------------------------------------
