@@ -87,7 +87,7 @@ class Searcher:
                methods: Sequence[str] = S.METHODS, shown: Collection[int] = ()) -> Results:
         """Hybrid search over this session's index. Bad input raises InputError with one line. The
         events in `shown` (uids the caller's model already has word for word) are left out of the hits,
-        so the page holds what it does not: a notice says how many."""
+        so the page holds what it does not: a notice names those of the first k."""
         with reading():
             return self._search(query, k, role=role, uid_from=uid_from, uid_to=uid_to, neighbours=neighbours,
                                 methods=methods, shown=shown)

@@ -102,7 +102,8 @@ def format_hits(results: Any, max_chars: int = MAX_RESULT_CHARS) -> str:
     hits = list(results)
     notes = [f"[note: {n}]" for n in getattr(results, "notices", [])]
     if not hits:
-        return "\n".join(notes + ["no matches; try other words, or recall_history with a uid range"])
+        return "\n".join(notes + [("no other matches" if notes else "no matches")
+                                   + "; try other words, or recall_history with a uid range"])
     lines = [*notes, f"{len(hits)} hits (best first); read one with recall_history(uid, uid):"]
     used = sum(len(x) + 1 for x in lines)
     for i, hit in enumerate(hits):

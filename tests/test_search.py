@@ -934,6 +934,12 @@ def test_the_search_tool_leaves_out_what_the_payload_shows_word_for_word(store_d
     assert hits == [u for u in every if u not in shown][:5]  # the next ones, in the same order
     assert "left out of this page" in page and f"#{last}" in page  # and the model is told where it is
     assert "[#1 " in s._search_tool("grandmother cat Biscuit", 5)  # compacted: on the page as before
+    # in a turn, the tool leaves out what that call's payload showed whole: the question itself too
+    s.llm.script = [lambda messages: _call("recall_search", {"query": "pool heater error E42", "k": 5}, 1),
+                    lambda messages: "ok"]
+    s.chat("Which error did the pool heater give?")
+    result = next(e for e in reversed(s.events) if e.role == "tool").content
+    assert f"#{last}" in result and "left out of this page" in result and f"[#{last} " not in result
 
 
 # -- interfaces: CLI, %recall "text", the widget, segment headers ---------------------------------

@@ -14,6 +14,9 @@ Three ways, each at the same payload size (mfs_nb's final payload at `WINDOW`):
   log — the simplest retrieval a user could put beside a chat (`bm25_top`, written here, not the
   engine's full text): English words stemmed and stop words left out by the harness's own rules
   (`atom_text`), each turn with its session's date, as the engine's log has it.
+- **truncate + BM25, unseen**: the same, the BM25 top `BM25_K` taken among the messages truncation's
+  payload does not show — the courtesy mfs_nb's page gets (it leaves out what its payload shows), so
+  the margin between the two is not that courtesy's.
 
 The payload side asks for an evidence turn's whole text in the markup-free payload (`atoms.Payload`),
 never for the answer's words alone: a short answer ("2", "yes") also stands in a bag of words.
@@ -130,7 +133,9 @@ def measure(conv: dict[str, Any], search: Callable[[str, set[int]], list[int]], 
     qs = questions(conv)
     ours, shown = final_payload(messages, window)
     size = sum(message_tokens(m) for m in ours)
-    mine, theirs = flat_text(ours), flat_text(truncated(messages, size))
+    cut = truncated(messages, size)
+    start = len(messages) - (len(cut) - 1)  # truncation shows the messages from here on
+    mine, theirs = flat_text(ours), flat_text(cut)
     bm25 = BM25([f"{m.get('date', '')} {m.get('speaker', m['role'])}: {m['content']}" for m in conv["messages"]])
     turns = [_flat(m["content"]) for m in messages]
     out = []
@@ -139,7 +144,9 @@ def measure(conv: dict[str, Any], search: Callable[[str, set[int]], list[int]], 
                     "search": bool(evidence & set(search(question, shown)[:PAGE])),
                     "search_keywords": bool(evidence & set(search(keywords(question), shown)[:PAGE])),
                     "truncate": held(theirs, turns, evidence),
-                    "bm25": bool(evidence & set(bm25.top(question)))})
+                    "bm25": bool(evidence & set(bm25.top(question))),
+                    "bm25_unseen": bool(evidence & set([i for i in bm25.top(question, BM25_K + len(messages))
+                                                        if i < start][:BM25_K]))})
     return out
 
 
@@ -165,4 +172,5 @@ def rates(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
             "mfs_nb_payload": sum(r["payload"] for r in rows) / n,
             "truncate": sum(r["truncate"] for r in rows) / n,
             "truncate_bm25": sum(r["truncate"] or r["bm25"] for r in rows) / n,
+            "truncate_bm25_unseen": sum(r["truncate"] or r["bm25_unseen"] for r in rows) / n,
             "questions": len(rows)}

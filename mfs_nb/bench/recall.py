@@ -397,7 +397,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
         if rows_in:
             r = onestep.rates(rows_in)
             one_rows.append([group, r["questions"], *(f"{r[k]:.1%}" for k in
-                             ("mfs_nb", "mfs_nb_keywords", "mfs_nb_payload", "truncate", "truncate_bm25"))])
+                             ("mfs_nb", "mfs_nb_keywords", "mfs_nb_payload", "truncate", "truncate_bm25",
+                              "truncate_bm25_unseen"))])
     metrics |= {f"onestep_{k}": round(v, 4) for k, v in onestep.rates(within).items()}
     n_convs = len(data.get("locomo")[:1] if quick else data.get("locomo")[:int(os.environ.get(
         "MFS_BENCH_LOCOMO_CONVERSATIONS") or 0) or None])
@@ -411,7 +412,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             {"caption": f"Answers within one step of the model, LoCoMo at {onestep.WINDOW // 1024}k: an evidence turn "
                         "word for word in the final payload, or in one search's first page (same payload size for all)",
              "columns": ["category", "questions", "mfs_nb", "mfs_nb, keyword queries", "mfs_nb, payload alone",
-                         "truncate", f"truncate + BM25 top {onestep.BM25_K}"], "rows": one_rows},
+                         "truncate", f"truncate + BM25 top {onestep.BM25_K}",
+                         f"truncate + BM25 top {onestep.BM25_K} of what it does not show"], "rows": one_rows},
             {"caption": "Chinese: CrossWOZ entity recall (built deterministically, see the module doc)",
              "columns": ["set", "method", "queries", *keys], "rows": zh_rows},
         ],
@@ -442,7 +444,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "keywords; the turns the final payload shows word for word left out of the page, as the tool leaves "
             "them out for the model, since 2026-12-05); truncate: the newest messages that fit mfs_nb's final payload size; + BM25: or an evidence "
             f"turn in the top {onestep.BM25_K} of a BM25 over the log's turns (the harness's own: stemmed, stop words "
-            "out, each turn with its session's date); adversarial questions left out",
+            "out, each turn with its session's date); of what it does not show: that top 10 taken among the turns "
+            "truncation's payload does not show, the courtesy mfs_nb's page gets; adversarial questions left out",
             "full text: LanceDB native FTS, a word index (English stemming) on the text and a character 2-3-gram "
             "index on its CJK runs",
             "the benchmark indexes in the foreground in batches of 64 and leaves out the user messages' plain vectors "

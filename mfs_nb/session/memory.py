@@ -94,7 +94,8 @@ class Memory(Intake):
         lo, hi = uid_bounds(lambda: self._events, lo, hi, date_from or None, date_to or None)
         if lo is not None and hi is not None and lo > hi:
             return "no messages were written in that date range; try wider dates or none"
-        found = self.search(query, k, role=role or None, uid_from=lo, uid_to=hi, shown=self.send_view().shown_uids())
+        shown = self._shown if self._shown is not None else self.send_view().shown_uids()
+        found = self.search(query, k, role=role or None, uid_from=lo, uid_to=hi, shown=shown)
         return format_hits(found, memory_result_chars(self.profile().effective))
 
     # -- table maintenance ---------------------------------------------------------------------
@@ -136,7 +137,8 @@ class Memory(Intake):
         versions are old enough. That run can rewrite again (in a 5,000-chat run the first fold left the
         vectors in two fragments, 14,077 and 946 rows, that the second merged, leaving the 12 MB it
         replaced: the recall index twice over at rest), so it asks the same way, up to `quiet.RERUNS`
-        times; one that rewrites nothing asks for nothing. The ledger and the leases do not count: every run writes them itself (its row, the compaction lock).
+        times; one that rewrites nothing asks for nothing. The ledger and the leases do not count:
+        every run writes them itself (its row, the compaction lock).
         Nor does it ask while the recall index is still catching up: the index's end starts the clock
         again, and folding its tables every half minute meanwhile only competes with it."""
         if stop():

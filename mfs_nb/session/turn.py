@@ -137,6 +137,7 @@ class Session(Memory):
         if self._events:
             self.indexer.kick()  # a restart resumes indexing where it stopped
         self._raw_cache = RawCache()
+        self._shown: set[int] | None = None  # in a turn's tool calls: the uids the model was sent whole
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
         if warm_up_enabled() and self._injected_llm is None:  # the embedding gate off the chat turns
             from ..track import warm_gate_in_background
@@ -205,14 +206,18 @@ class Session(Memory):
             uids.append(assistant.uid)
             if not completion.tool_calls:
                 break
-            for call in completion.tool_calls:
-                fn = call.get("function") or {}
-                try:
-                    result = call_tool(self._offered(), fn.get("name", ""), fn.get("arguments", ""))
-                except Exception as exc:  # pairing never breaks: every call gets a result event
-                    result = f"error: the tool call could not be executed ({type(exc).__name__})"
-                event = self.record("tool", result, tool_call_id=call["id"], name=fn.get("name", ""))
-                uids.append(event.uid)
+            self._shown = sent.shown_uids()  # what the model was sent whole (after a retry, the smaller view)
+            try:
+                for call in completion.tool_calls:
+                    fn = call.get("function") or {}
+                    try:
+                        result = call_tool(self._offered(), fn.get("name", ""), fn.get("arguments", ""))
+                    except Exception as exc:  # pairing never breaks: every call gets a result event
+                        result = f"error: the tool call could not be executed ({type(exc).__name__})"
+                    event = self.record("tool", result, tool_call_id=call["id"], name=fn.get("name", ""))
+                    uids.append(event.uid)
+            finally:
+                self._shown = None
         assert completion is not None
         try:
             self._save_meta()  # once per turn: the anchor and the uid high-water mark
