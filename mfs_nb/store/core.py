@@ -147,12 +147,18 @@ class StoreCore:
         if not names:
             return
         for core in ("events", "sessions"):
-            # a store is created events first: events with no rows and no sessions table is another
-            # kernel creating the store this very moment, not damage
-            if core not in names and (core != "sessions" or self._db.open_table("events").count_rows()):
+            # a store is created events first: events with no rows (or listed but not yet readable) and no
+            # sessions table is another kernel creating the store this very moment, not damage
+            if core not in names and (core != "sessions" or self._events_rows()):
                 raise StoreError(f"table {core} is missing from the store at {self.shown} (it has "
                                  f"{', '.join(sorted(names))}); nothing was changed: run `mfs-nb doctor --store "
                                  f"{self.shown}` to see what can be recovered")
+
+    def _events_rows(self) -> int:
+        try:
+            return int(self._db.open_table("events").count_rows())
+        except Exception:  # listed, not yet readable: another kernel is creating it now
+            return 0
 
     def _table(self, name: str, schema: pa.Schema, stable_ids: bool = False) -> Any:
         try:
@@ -161,10 +167,14 @@ class StoreCore:
             try:
                 return _create(self._db, name, schema, stable_ids=stable_ids)
             except Exception as exc:  # another kernel created it between our two calls (a commit conflict on S3)
-                try:
-                    return self._db.open_table(name)
-                except Exception:  # it was not that: say why it could not be created (a read-only store)
-                    raise StoreError(_store_problem(self.uri, name, exc)) from exc
+                for wait in (0.0, 0.1, 0.3, 1.0):  # ... whose first version may take a moment to be readable
+                    time.sleep(wait)
+                    try:
+                        return self._db.open_table(name)
+                    except Exception:
+                        continue
+                # it was not that: say why it could not be created (a read-only store)
+                raise StoreError(_store_problem(self.uri, name, exc)) from exc
 
     @contextmanager
     def _writing(self, table: str) -> Iterator[None]:
