@@ -91,6 +91,7 @@ class SessionBase:
     _prune_before: int
     _quiet: Quiet
     _raw_cache: RawCache
+    _shown: set[int] | None  # in a turn's tool calls: the uids the model was sent whole
     _fact_cache: tuple[Any, FactTrack | None] | None
 
 

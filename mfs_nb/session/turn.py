@@ -137,7 +137,7 @@ class Session(Memory):
         if self._events:
             self.indexer.kick()  # a restart resumes indexing where it stopped
         self._raw_cache = RawCache()
-        self._shown: set[int] | None = None  # in a turn's tool calls: the uids the model was sent whole
+        self._shown = None
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
         if warm_up_enabled() and self._injected_llm is None:  # the embedding gate off the chat turns
             from ..track import warm_gate_in_background
