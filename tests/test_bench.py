@@ -253,6 +253,25 @@ def test_the_one_step_page_is_the_page_recall_search_returns_by_default():
     assert f"default {onestep.PAGE}," in SEARCH_SCHEMA["properties"]["k"]["description"]
 
 
+def test_the_one_step_page_passes_the_shown_messages_as_uids_and_reads_hits_back_as_messages():
+    """The recall suite's sessions number message i as uid i + 1: the page is given the payload's shown
+    messages as uids, asks for the tool's default page, and reads event hits back as message indices."""
+    from types import SimpleNamespace
+
+    from mfs_nb.bench import onestep, recall
+
+    asked: list[tuple] = []
+
+    class Fake:
+        def search(self, query, k, shown=()):
+            asked.append((query, k, set(shown)))
+            return [SimpleNamespace(uid=3, kind="event"), SimpleNamespace(uid=9, kind="segment"),
+                    SimpleNamespace(uid=7, kind="event")]
+
+    assert recall._page(Fake())("pool size", {0, 4}) == [2, 6]
+    assert asked == [("pool size", onestep.PAGE, {1, 5})]
+
+
 def test_within_one_step_counts_the_payload_or_the_first_page_against_truncation_and_plain_bm25():
     from mfs_nb.bench import onestep
 
