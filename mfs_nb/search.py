@@ -109,6 +109,7 @@ class Results:
     hits: list[Hit]
     notices: list[str] = field(default_factory=list)
     methods: tuple[str, ...] = ()
+    left_out: tuple[int, ...] = ()  # events of the first k left out as shown already (`shown`), best first
 
     def __iter__(self) -> Any:
         return iter(self.hits)

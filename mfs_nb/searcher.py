@@ -87,7 +87,7 @@ class Searcher:
                methods: Sequence[str] = S.METHODS, shown: Collection[int] = ()) -> Results:
         """Hybrid search over this session's index. Bad input raises InputError with one line. The
         events in `shown` (uids the caller's model already has word for word) are left out of the hits,
-        so the page holds what it does not: a notice names those of the first k."""
+        so the page holds what it does not; `Results.left_out` names those of the first k."""
         with reading():
             return self._search(query, k, role=role, uid_from=uid_from, uid_to=uid_to, neighbours=neighbours,
                                 methods=methods, shown=shown)
@@ -162,13 +162,11 @@ class Searcher:
         names = list(ranked)
         fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names],
                        weights=[S.WEIGHTS[m.split("@")[0]] for m in names])
+        left: list[int] = []
         if shown:  # what the model has in front of it word for word takes no place on its page
             seen = {x for x, _ in fused if x.startswith("event:") and _item(x)[1] in shown}
             left = [_item(x)[1] for x, _ in fused[:k] if x in seen]
             fused = [(x, sc) for x, sc in fused if x not in seen]
-            if left:
-                notices.append(f"found in your context word for word, so left out of this page: "
-                               f"{', '.join(f'#{u}' for u in left)}")
         seg_texts = self.host.store.index_texts([info[(kd, u)]["key"] for kd, u in
                                               (_item(x) for x, _ in fused[:k]) if kd == "segment"])
         hits: list[Hit] = []
@@ -186,7 +184,7 @@ class Searcher:
                 continue
             hits.append(Hit(uid, e.role, e.turn, round(score, 5), S.snippet(event_text(e), query), kind, uid, via,
                             self._around(uid, neighbours)))
-        return Results(hits, notices, tuple(dict.fromkeys(m.split("@")[0] for m in names)))
+        return Results(hits, notices, tuple(dict.fromkeys(m.split("@")[0] for m in names)), tuple(left))
 
     def _latent_ranking(self, query: str, ranked: dict[str, list[tuple[str, int]]],
                         info: dict[tuple[str, int], dict[str, Any]], role: Any, roles: list[str],

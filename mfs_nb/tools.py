@@ -101,8 +101,12 @@ def format_hits(results: Any, max_chars: int = MAX_RESULT_CHARS) -> str:
     """Search hits as lines for the model, bounded, with how to read each one in full."""
     hits = list(results)
     notes = [f"[note: {n}]" for n in getattr(results, "notices", [])]
+    left = getattr(results, "left_out", ())
+    if left:
+        notes.append(f"[note: found in your context word for word, so left out of this page: "
+                     f"{', '.join(f'#{u}' for u in left)}]")
     if not hits:
-        return "\n".join(notes + [("no other matches" if notes else "no matches")
+        return "\n".join(notes + [("no other matches" if left else "no matches")
                                    + "; try other words, or recall_history with a uid range"])
     lines = [*notes, f"{len(hits)} hits (best first); read one with recall_history(uid, uid):"]
     used = sum(len(x) + 1 for x in lines)

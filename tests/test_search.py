@@ -942,6 +942,15 @@ def test_the_search_tool_leaves_out_what_the_payload_shows_word_for_word(store_d
     assert f"#{last}" in result and "left out of this page" in result and f"[#{last} " not in result
 
 
+def test_an_empty_page_says_no_other_matches_only_when_it_left_turns_out():
+    from mfs_nb.tools import format_hits
+
+    other = format_hits(S.Results([], ["indexed up to uid 4 of 9: the newer events are searched directly"]))
+    assert "no matches;" in other and "left out" not in other  # another notice is not a left-out turn
+    left = format_hits(S.Results([], [], (), (7, 3)))
+    assert "no other matches;" in left and "left out of this page: #7, #3" in left
+
+
 # -- interfaces: CLI, %recall "text", the widget, segment headers ---------------------------------
 def test_cli_search_prints_hits_and_json(store_dir, capsys):
     from mfs_nb.cli import main

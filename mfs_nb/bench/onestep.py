@@ -140,13 +140,13 @@ def measure(conv: dict[str, Any], search: Callable[[str, set[int]], list[int]], 
     turns = [_flat(m["content"]) for m in messages]
     out = []
     for question, _answer, evidence, category in qs:
+        ranked = bm25.top(question, len(messages))
         out.append({"category": category, "payload": held(mine, turns, evidence),
                     "search": bool(evidence & set(search(question, shown)[:PAGE])),
                     "search_keywords": bool(evidence & set(search(keywords(question), shown)[:PAGE])),
                     "truncate": held(theirs, turns, evidence),
-                    "bm25": bool(evidence & set(bm25.top(question))),
-                    "bm25_unseen": bool(evidence & set([i for i in bm25.top(question, BM25_K + len(messages))
-                                                        if i < start][:BM25_K]))})
+                    "bm25": bool(evidence & set(ranked[:BM25_K])),
+                    "bm25_unseen": bool(evidence & set([i for i in ranked if i < start][:BM25_K]))})
     return out
 
 
