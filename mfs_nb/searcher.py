@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .index import Indexer
 
 CANDIDATES = 50  # rows each method contributes to the fusion
+DEEPEST = 400  # rows each method may read when the turns left out as shown crowd a page (`_search`)
 SCAN_EVENTS = 20_000  # newest events not yet indexed that a search reads directly
 MAX_SPANS = 8  # spans of time one query may name
 
@@ -93,7 +94,8 @@ class Searcher:
                                 methods=methods, shown=shown)
 
     def _search(self, query: Any, k: Any, *, role: str | Sequence[str] | None, uid_from: int | None,
-                uid_to: int | None, neighbours: int, methods: Sequence[str], shown: Collection[int] = ()) -> Results:
+                uid_to: int | None, neighbours: int, methods: Sequence[str], shown: Collection[int] = (),
+                depth: int = CANDIDATES) -> Results:
         query, k = S.check_query(query, k)
         if not 0 <= int(neighbours) <= 5:
             raise InputError(f"neighbours must be between 0 and 5 (got {neighbours})")
@@ -119,20 +121,21 @@ class Searcher:
         info: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, uid) -> its best row
         ranked: dict[str, list[tuple[str, int]]] = {}
         if "fts" in methods:
-            rows = self._fts(query, where)
-            complete = len(rows) < CANDIDATES  # every match came back: what did not scores nothing
-            ranked["fts"] = self._ranking(rows, info, roles, uid_from, uid_to, 0.0 if complete else None)
+            rows = self._fts(query, where, depth=depth)
+            complete = len(rows) < depth  # every match came back: what did not scores nothing
+            ranked["fts"] = self._ranking(rows, info, roles, uid_from, uid_to, 0.0 if complete else None, depth)
             if progress["text_upto"] < self.index.last_uid():  # what the index has not reached, read directly
-                ranked["fts@unindexed"] = self._scan(query, progress["text_upto"], roles, uid_from, uid_to)
+                ranked["fts@unindexed"] = self._scan(query, progress["text_upto"], roles, uid_from, uid_to,
+                                                     depth=depth)
         if "vector" in methods:
             embedder = self.index.model()
             if embedder is None:
                 why = self.index.failed or self.host.embedder_off() or "no embedder"
                 notices.append(f"full-text search only: vectors are unavailable ({why})")
             else:
-                found = self._vector(embedder, query, where)
+                found = self._vector(embedder, query, where, depth)
                 if found is not None:
-                    ranked["vector"] = self._ranking(found, info, roles, uid_from, uid_to)
+                    ranked["vector"] = self._ranking(found, info, roles, uid_from, uid_to, depth=depth)
                     if progress["vectors_upto"] < self.index.last_uid():
                         notices.append(f"vectors cover uids up to {progress['vectors_upto']} of {self.index.last_uid()}; "
                                        "newer events are found by full text while vectors catch up")
@@ -143,19 +146,20 @@ class Searcher:
             inside = where + " AND (" + " OR ".join(f"(uid >= {lo} AND uid <= {hi})" for lo, hi in spans) + ")"
             lo, hi = min(a for a, _ in spans), max(b for _, b in spans)  # where neighbours may come from
             if "fts" in ranked:
-                rows = self._fts(query, inside)
-                ranked["fts@dates"] = self._ranking(rows, info, roles, lo, hi, 0.0 if len(rows) < CANDIDATES else None)
+                rows = self._fts(query, inside, depth=depth)
+                ranked["fts@dates"] = self._ranking(rows, info, roles, lo, hi, 0.0 if len(rows) < depth else None,
+                                                    depth)
             if "vector" in ranked:
-                found = self._vector(self.index.model(), query, inside)
+                found = self._vector(self.index.model(), query, inside, depth)
                 if found is not None:
-                    ranked["vector@dates"] = self._ranking(found, info, roles, lo, hi)
+                    ranked["vector@dates"] = self._ranking(found, info, roles, lo, hi, depth=depth)
         if "latent" in methods and ranked:
             latent = self._latent_ranking(query, ranked, info, role, roles, uid_from, uid_to, notices,
-                                          progress["vectors_upto"] or 0)
+                                          progress["vectors_upto"] or 0, depth)
             if latent is not None:
                 ranked["latent"] = latent
         if "window" in methods and "segment" not in roles:  # the coarse index: the turns of the windows found
-            windows = self._window_ranking(query, roles, uid_from, uid_to)
+            windows = self._window_ranking(query, roles, uid_from, uid_to, depth)
             if windows:
                 ranked["window"] = windows
         notices += self.index.notices
@@ -167,6 +171,10 @@ class Searcher:
             seen = {x for x, _ in fused if x.startswith("event:") and _item(x)[1] in shown}
             left = [_item(x)[1] for x, _ in fused[:k] if x in seen]
             fused = [(x, sc) for x, sc in fused if x not in seen]
+            if len(fused) < k and depth < DEEPEST and any(len(r) >= depth for r in ranked.values()):
+                # a long raw tail held what each method returned: read deeper rather than a short page
+                return self._search(query, k, role=role, uid_from=uid_from, uid_to=uid_to, neighbours=neighbours,
+                                    methods=methods, shown=shown, depth=min(4 * depth, DEEPEST))
         seg_texts = self.host.store.index_texts([info[(kd, u)]["key"] for kd, u in
                                               (_item(x) for x, _ in fused[:k]) if kd == "segment"])
         hits: list[Hit] = []
@@ -188,8 +196,8 @@ class Searcher:
 
     def _latent_ranking(self, query: str, ranked: dict[str, list[tuple[str, int]]],
                         info: dict[tuple[str, int], dict[str, Any]], role: Any, roles: list[str],
-                        uid_from: int | None, uid_to: int | None, notices: list[str], indexed: int = 0
-                        ) -> list[tuple[str, int]] | None:
+                        uid_from: int | None, uid_to: int | None, notices: list[str], indexed: int = 0,
+                        depth: int = CANDIDATES) -> list[tuple[str, int]] | None:
         """The candidates the other rankings found (and their neighbours) ranked once more by the dot
         product of their latent terms with the query's: a third, learned view of the same words.
         None when the embedder has no latent terms, or when some candidate the index has reached
@@ -217,21 +225,21 @@ class Searcher:
             return None
         q = dict(zip(*terms))
         scored = [(r, sum(q.get(t, 0.0) * w for t, w in zip(r["terms"], r["weights"]))) for r in rows]
-        return self._ranking(scored, info, roles, uid_from, uid_to, 0.0)
+        return self._ranking(scored, info, roles, uid_from, uid_to, 0.0, depth)
 
-    def _window_ranking(self, query: str, roles: list[str], uid_from: int | None, uid_to: int | None
-                        ) -> list[tuple[str, int]]:
+    def _window_ranking(self, query: str, roles: list[str], uid_from: int | None, uid_to: int | None,
+                        depth: int = CANDIDATES) -> list[tuple[str, int]]:
         """The events inside the coarse index's windows that match the query, the windows and their
         events scored within this session (`search.window_scores`), the events ranked by their window,
-        then by their own score (`search.window_ranking`): those the search admits, the first CANDIDATES. It joins the fusion after the latent ranking,
+        then by their own score (`search.window_ranking`): those the search admits, the first `depth`. It joins the fusion after the latent ranking,
         which re-ranks only what the turn-level methods found."""
         texts = {int(r["uid"]): r["text"] for r, _ in
-                 self._fts(query, S.window_where(self.host.name, uid_from, uid_to), windows=True)}
+                 self._fts(query, S.window_where(self.host.name, uid_from, uid_to), windows=True, depth=depth)}
         found, own = S.window_scores(texts, query, self.index.last_uid() // S.WINDOW_EVENTS)
         if not found:
             return []
         admitted = (u for u in S.window_ranking(found, own) if self._admits(u, roles, uid_from, uid_to))
-        return [("event", u) for u in itertools.islice(admitted, CANDIDATES)]
+        return [("event", u) for u in itertools.islice(admitted, depth)]
 
     def _query_latent(self, embedder: Any, latent: Any, query: str) -> tuple[list[int], list[float]] | None:
         """The query's latent terms, kept like its vector; None when they fail (this query only)."""
@@ -292,8 +300,8 @@ class Searcher:
         return next((e for e in events if e.uid == uid), None)
 
     def _ranking(self, rows: list[tuple[dict[str, Any], float]], info: dict[tuple[str, int], dict[str, Any]],
-                 roles: list[str], uid_from: int | None, uid_to: int | None, floor: float | None = None
-                 ) -> list[tuple[str, int]]:
+                 roles: list[str], uid_from: int | None, uid_to: int | None, floor: float | None = None,
+                 depth: int = CANDIDATES) -> list[tuple[str, int]]:
         """One method's rows (row, score; higher is better) as a ranking of (kind, uid): the best chunk
         per item, events smoothed with their neighbours (search.smooth), segments as they scored."""
         best: dict[tuple[str, int], float] = {}
@@ -313,10 +321,10 @@ class Searcher:
         merged = [(("event", u), sc) for u, sc in events if self._admits(u, roles, uid_from, uid_to)]
         merged += [((kd, u), sc - floor) for (kd, u), sc in best.items() if kd == "segment"]
         merged.sort(key=lambda x: (-x[1], x[0][1]))
-        return [item for item, _ in merged[:CANDIDATES]]
+        return [item for item, _ in merged[:depth]]
 
     def _scan(self, query: str, upto: int, roles: list[str], uid_from: int | None, uid_to: int | None,
-              limit: int = SCAN_EVENTS) -> list[tuple[str, int]]:
+              limit: int = SCAN_EVENTS, depth: int = CANDIDATES) -> list[tuple[str, int]]:
         """Full text over the events the index has not reached yet (after `upto`), read from the log in
         memory: whole words (and CJK character pairs) of the query found in each event, the most
         found first, newer first among equals. Cheap, so a search right after a burst of chats, or in
@@ -334,7 +342,7 @@ class Searcher:
             if found:
                 scored.append((found, e.uid))
         scored.sort(key=lambda x: (-x[0], -x[1]))
-        return [("event", uid) for _, uid in scored[:CANDIDATES]]
+        return [("event", uid) for _, uid in scored[:depth]]
 
     def _admits(self, uid: int, roles: list[str], uid_from: int | None, uid_to: int | None) -> bool:
         """A neighbour brought in by smoothing obeys the same filters as the search."""
@@ -342,7 +350,8 @@ class Searcher:
         return (e is not None and (not roles or e.role in roles) and (uid_from is None or uid >= uid_from)
                 and (uid_to is None or uid <= uid_to))
 
-    def _fts(self, query: str, where: str, windows: bool = False) -> list[tuple[dict[str, Any], float]]:
+    def _fts(self, query: str, where: str, windows: bool = False, depth: int = CANDIDATES
+             ) -> list[tuple[dict[str, Any], float]]:
         """Full-text rows (of the coarse index's windows with `windows`): the word column for Latin
         words, the n-gram column for CJK runs (a mixed query adds both scores)."""
         out: list[tuple[dict[str, Any], float]] = []
@@ -350,16 +359,17 @@ class Searcher:
         for text, is_cjk in ((latin, False), (cjk, True)):
             if text:
                 out += [(r, float(r["_score"])) for r in
-                        self.host.store.search_text(where, text, is_cjk, CANDIDATES, windows=windows)]
+                        self.host.store.search_text(where, text, is_cjk, depth, windows=windows)]
         return out
 
-    def _vector(self, embedder: Any, query: str, where: str) -> list[tuple[dict[str, Any], float]] | None:
+    def _vector(self, embedder: Any, query: str, where: str, depth: int = CANDIDATES
+                ) -> list[tuple[dict[str, Any], float]] | None:
         try:
             vector = self.query_vector(embedder, query)
         except Exception as exc:
             self.index.note(f"the embedder failed on the query ({type(exc).__name__}); full-text results only")
             return None
-        found = self.host.store.search_vectors(embedder.model_id, where, vector.tolist(), CANDIDATES)
+        found = self.host.store.search_vectors(embedder.model_id, where, vector.tolist(), depth)
         return [(r, 1.0 - float(r["_distance"])) for r in found]
 
     def query_vector(self, embedder: Any, query: str) -> np.ndarray:
