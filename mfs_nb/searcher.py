@@ -120,13 +120,14 @@ class Searcher:
         roles = [role] if isinstance(role, str) else list(role or [])
         info: dict[tuple[str, int], dict[str, Any]] = {}  # (kind, uid) -> its best row
         ranked: dict[str, list[tuple[str, int]]] = {}
+        cut: list[bool] = []  # per read: it returned all the rows `depth` allows (more may match)
         if "fts" in methods:
-            rows = self._fts(query, where, depth=depth)
+            rows = self._fts(query, where, depth=depth, cut=cut)
             complete = len(rows) < depth  # every match came back: what did not scores nothing
             ranked["fts"] = self._ranking(rows, info, roles, uid_from, uid_to, 0.0 if complete else None, depth)
             if progress["text_upto"] < self.index.last_uid():  # what the index has not reached, read directly
                 ranked["fts@unindexed"] = self._scan(query, progress["text_upto"], roles, uid_from, uid_to,
-                                                     depth=depth)
+                                                     depth=depth, cut=cut)
         if "vector" in methods:
             embedder = self.index.model()
             if embedder is None:
@@ -135,6 +136,7 @@ class Searcher:
             else:
                 found = self._vector(embedder, query, where, depth)
                 if found is not None:
+                    cut.append(len(found) >= depth)
                     ranked["vector"] = self._ranking(found, info, roles, uid_from, uid_to, depth=depth)
                     if progress["vectors_upto"] < self.index.last_uid():
                         notices.append(f"vectors cover uids up to {progress['vectors_upto']} of {self.index.last_uid()}; "
@@ -146,12 +148,13 @@ class Searcher:
             inside = where + " AND (" + " OR ".join(f"(uid >= {lo} AND uid <= {hi})" for lo, hi in spans) + ")"
             lo, hi = min(a for a, _ in spans), max(b for _, b in spans)  # where neighbours may come from
             if "fts" in ranked:
-                rows = self._fts(query, inside, depth=depth)
+                rows = self._fts(query, inside, depth=depth, cut=cut)
                 ranked["fts@dates"] = self._ranking(rows, info, roles, lo, hi, 0.0 if len(rows) < depth else None,
                                                     depth)
             if "vector" in ranked:
                 found = self._vector(self.index.model(), query, inside, depth)
                 if found is not None:
+                    cut.append(len(found) >= depth)
                     ranked["vector@dates"] = self._ranking(found, info, roles, lo, hi, depth=depth)
         if "latent" in methods and ranked:
             latent = self._latent_ranking(query, ranked, info, role, roles, uid_from, uid_to, notices,
@@ -159,7 +162,7 @@ class Searcher:
             if latent is not None:
                 ranked["latent"] = latent
         if "window" in methods and "segment" not in roles:  # the coarse index: the turns of the windows found
-            windows = self._window_ranking(query, roles, uid_from, uid_to, depth)
+            windows = self._window_ranking(query, roles, uid_from, uid_to)
             if windows:
                 ranked["window"] = windows
         notices += self.index.notices
@@ -171,10 +174,10 @@ class Searcher:
             seen = {x for x, _ in fused if x.startswith("event:") and _item(x)[1] in shown}
             left = [_item(x)[1] for x, _ in fused[:k] if x in seen]
             fused = [(x, sc) for x, sc in fused if x not in seen]
-            if len(fused) < k and depth < DEEPEST and any(len(r) >= depth for r in ranked.values()):
-                # a long raw tail held what each method returned: read deeper rather than a short page
+            if len(fused) < k and depth < DEEPEST and any(cut):
+                # the turns left out crowded the page and a method's read was cut at `depth`: read deeper once
                 return self._search(query, k, role=role, uid_from=uid_from, uid_to=uid_to, neighbours=neighbours,
-                                    methods=methods, shown=shown, depth=min(4 * depth, DEEPEST))
+                                    methods=methods, shown=shown, depth=DEEPEST)
         seg_texts = self.host.store.index_texts([info[(kd, u)]["key"] for kd, u in
                                               (_item(x) for x, _ in fused[:k]) if kd == "segment"])
         hits: list[Hit] = []
@@ -227,19 +230,19 @@ class Searcher:
         scored = [(r, sum(q.get(t, 0.0) * w for t, w in zip(r["terms"], r["weights"]))) for r in rows]
         return self._ranking(scored, info, roles, uid_from, uid_to, 0.0, depth)
 
-    def _window_ranking(self, query: str, roles: list[str], uid_from: int | None, uid_to: int | None,
-                        depth: int = CANDIDATES) -> list[tuple[str, int]]:
+    def _window_ranking(self, query: str, roles: list[str], uid_from: int | None, uid_to: int | None
+                        ) -> list[tuple[str, int]]:
         """The events inside the coarse index's windows that match the query, the windows and their
         events scored within this session (`search.window_scores`), the events ranked by their window,
-        then by their own score (`search.window_ranking`): those the search admits, the first `depth`. It joins the fusion after the latent ranking,
+        then by their own score (`search.window_ranking`): those the search admits, the first CANDIDATES (a window is 20 events: a deeper read is not needed). It joins the fusion after the latent ranking,
         which re-ranks only what the turn-level methods found."""
         texts = {int(r["uid"]): r["text"] for r, _ in
-                 self._fts(query, S.window_where(self.host.name, uid_from, uid_to), windows=True, depth=depth)}
+                 self._fts(query, S.window_where(self.host.name, uid_from, uid_to), windows=True)}
         found, own = S.window_scores(texts, query, self.index.last_uid() // S.WINDOW_EVENTS)
         if not found:
             return []
         admitted = (u for u in S.window_ranking(found, own) if self._admits(u, roles, uid_from, uid_to))
-        return [("event", u) for u in itertools.islice(admitted, depth)]
+        return [("event", u) for u in itertools.islice(admitted, CANDIDATES)]
 
     def _query_latent(self, embedder: Any, latent: Any, query: str) -> tuple[list[int], list[float]] | None:
         """The query's latent terms, kept like its vector; None when they fail (this query only)."""
@@ -324,7 +327,8 @@ class Searcher:
         return [item for item, _ in merged[:depth]]
 
     def _scan(self, query: str, upto: int, roles: list[str], uid_from: int | None, uid_to: int | None,
-              limit: int = SCAN_EVENTS, depth: int = CANDIDATES) -> list[tuple[str, int]]:
+              limit: int = SCAN_EVENTS, depth: int = CANDIDATES, cut: list[bool] | None = None
+              ) -> list[tuple[str, int]]:
         """Full text over the events the index has not reached yet (after `upto`), read from the log in
         memory: whole words (and CJK character pairs) of the query found in each event, the most
         found first, newer first among equals. Cheap, so a search right after a burst of chats, or in
@@ -342,6 +346,8 @@ class Searcher:
             if found:
                 scored.append((found, e.uid))
         scored.sort(key=lambda x: (-x[0], -x[1]))
+        if cut is not None:
+            cut.append(len(scored) > depth)
         return [("event", uid) for _, uid in scored[:depth]]
 
     def _admits(self, uid: int, roles: list[str], uid_from: int | None, uid_to: int | None) -> bool:
@@ -350,16 +356,19 @@ class Searcher:
         return (e is not None and (not roles or e.role in roles) and (uid_from is None or uid >= uid_from)
                 and (uid_to is None or uid <= uid_to))
 
-    def _fts(self, query: str, where: str, windows: bool = False, depth: int = CANDIDATES
-             ) -> list[tuple[dict[str, Any], float]]:
+    def _fts(self, query: str, where: str, windows: bool = False, depth: int = CANDIDATES,
+             cut: list[bool] | None = None) -> list[tuple[dict[str, Any], float]]:
         """Full-text rows (of the coarse index's windows with `windows`): the word column for Latin
-        words, the n-gram column for CJK runs (a mixed query adds both scores)."""
+        words, the n-gram column for CJK runs (a mixed query adds both scores); `cut` gets, per column
+        read, whether it returned all `depth` rows it was allowed (more may match)."""
         out: list[tuple[dict[str, Any], float]] = []
         latin, cjk = S.fts_query(S.latin_text(query)), S.cjk_text(query)
         for text, is_cjk in ((latin, False), (cjk, True)):
             if text:
-                out += [(r, float(r["_score"])) for r in
-                        self.host.store.search_text(where, text, is_cjk, depth, windows=windows)]
+                rows = self.host.store.search_text(where, text, is_cjk, depth, windows=windows)
+                out += [(r, float(r["_score"])) for r in rows]
+                if cut is not None:
+                    cut.append(len(rows) >= depth)
         return out
 
     def _vector(self, embedder: Any, query: str, where: str, depth: int = CANDIDATES

@@ -942,22 +942,39 @@ def test_the_search_tool_leaves_out_what_the_payload_shows_word_for_word(store_d
     assert f"#{last}" in result and "left out of this page" in result and f"[#{last} " not in result
 
 
-def test_a_page_that_leaves_out_many_shown_turns_reads_deeper_and_stays_full(store_dir):
+def test_a_page_that_leaves_out_many_shown_turns_reads_deeper_and_stays_full(store_dir, monkeypatch):
     """A long raw tail (a large window) can hold every candidate a method returns: the page then
-    reads each method deeper instead of coming back short while older matches exist."""
+    reads each method deeper, once, instead of coming back short while older matches exist; a page
+    short because every match was read already reads nothing more."""
     s = _fts_session(store_dir, "deep")
     filler = " and the notes from that meeting were long and went on about other things as well" * 3
     for i in range(1, 121):  # the older turns are long (lower full-text scores), the newest short
         s.record("user", f"pool sizing note {i}" + (filler if i <= 70 else ""), new_turn=True)
+    for part in "ABC":
+        s.record("user", f"boiler valve check {part}", new_turn=True)
     assert s.indexer.wait(60)
+    limits: list[int] = []
+    read = s.store.search_text
+
+    def spy(where, text, cjk, limit, windows=False):
+        limits.append(limit) if not windows else None
+        return read(where, text, cjk, limit, windows=windows)
+
+    monkeypatch.setattr(s.store, "search_text", spy)
     shown = set(range(61, 121))
     plain = [h.uid for h in s.search("pool sizing", 100)]
+    assert set(limits) == {50} and len([u for u in plain if u not in shown]) < 5  # what 50 rows leave
+    limits.clear()
     page = s.search("pool sizing", 5, shown=shown)
     hits = [h.uid for h in page]
     assert len(hits) == 5 and not set(hits) & shown  # full, and none of it shown already
-    assert len([u for u in plain if u not in shown]) < 5  # what a read of 50 rows a method leaves
     assert page.left_out and set(page.left_out) <= shown
-    assert [h.uid for h in s.search("pool sizing", 5)] == plain[:5]  # nothing left out: read as before
+    assert limits == [50, 400]  # one deeper read, after the first came back cut
+    limits.clear()
+    assert [h.uid for h in s.search("pool sizing", 5)] == plain[:5] and set(limits) == {50}  # nothing left out
+    limits.clear()
+    short = s.search("boiler valve", 5, shown={121, 122})  # every match read at once: short, not deeper
+    assert 123 in {h.uid for h in short} and len(short) < 5 and set(limits) == {50}
 
 
 def test_an_empty_page_says_no_other_matches_only_when_it_left_turns_out():
