@@ -55,7 +55,7 @@ def _turn_ratio(tables: Tables) -> str:
     if len(rows) < 2 or "p95 ms" not in cols:
         return "—"
     off, on = (float(r[cols.index("p95 ms")]) for r in rows[:2])
-    return f"{on:.0f} ÷ {off:.0f} = {on / off:.2f} ×" if off else "—"
+    return f"{on:.1f} ÷ {off:.1f} = {on / off:.2f} ×" if off else "—"  # the table's figures, not rounder ones
 
 
 def _percent(value: str) -> float | None:

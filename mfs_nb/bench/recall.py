@@ -481,10 +481,10 @@ def run_speed(data: Data, quick: bool) -> dict[str, Any]:
             {"caption": f"Chat-turn time on a {n_turn}-event session ({3 if quick else TURNS} turns each, instant "
                         f"model; {PAUSE_S} s between turns)",
              "columns": ["indexing", "p50 ms", "p95 ms"],
-             "rows": [["off", f"{turn['off_p50_ms']:.0f}", f"{turn['off_p95_ms']:.0f}"],
+             "rows": [["off", f"{turn['off_p50_ms']:.1f}", f"{turn['off_p95_ms']:.1f}"],
                       [f"on (the backlog is embedded in the pauses: {int(turn['embedded']):,} events during the run, "
                        f"{int(turn['backlog_left']):,} left)",
-                       f"{turn['on_p50_ms']:.0f}", f"{turn['on_p95_ms']:.0f}"]]},
+                       f"{turn['on_p50_ms']:.1f}", f"{turn['on_p95_ms']:.1f}"]]},
             {"caption": f"Index throughput: {rate['events']:,} LoCoMo turns indexed by the background indexer of an idle "
                         "session, against the encoder passes of the recipe before 2026-12-05 on the same turns (same "
                         "run)", "columns": ["recipe", "events a second"],
