@@ -273,3 +273,31 @@ def test_a_clearing_and_a_compaction_share_one_cache_miss(monkeypatch):
                         _f(self, view, usage, clearing.MIN_GAIN))
     apart = replay(messages, window=8000)
     assert _resets(together) < _resets(apart)
+
+
+def test_a_clearing_clears_the_oldest_rounds_only_as_far_as_its_target(store_dir):
+    """S2 clears down to HEADROOM below the warn line, the oldest rounds first and no further: one round
+    fewer would have left the payload over its target, and rounds older than the newest KEEP_ROUNDS stay
+    whole when the target did not need them (until 2026-12-05 every round but those was cleared)."""
+    script = []
+    for i in range(60):
+        script += [tool_call("build", {"target": f"t{i}"}, f"call_{i}"), f"round {i} done"]
+    s = Session("s2t", store=store_dir, window_tokens=24000, llm=FakeLLM(script=script), auto_compaction=False)
+    s.register_tool(Tool("build", "build a target", {"type": "object"}, lambda target: big_output(int(target[1:]), 1500)))
+    for i in range(60):
+        s.chat(f"build target t{i}")
+        if any(r["kind"] == "clearing" for r in s.ledger()):
+            break
+    row = next(r for r in s.ledger() if r["kind"] == "clearing")
+    view = s.send_view()
+    usage = s.usage(view)
+    target = (s.profile().warn - clearing.HEADROOM) * usage.effective
+    assert row["tokens_after"] < target <= row["tokens_before"]
+    starts = clearing.rounds(s.events)
+    earlier = max(u for u in starts if u < row["clear_before"])  # one round fewer cleared
+    state = s.clearing_state()
+    fewer = s.usage(s.send_view(Clearing(state.trim_chars, earlier, state.prune_before)))
+    assert fewer.tokens >= target  # ... would not have reached the target
+    old_full = [u for u, f, m in zip(view.uids, view.forms, view.messages)
+                if m["role"] == "tool" and f == "full" and u is not None and u < starts[-clearing.KEEP_ROUNDS]]
+    assert old_full  # rounds older than the kept ones are still whole: the target did not need them

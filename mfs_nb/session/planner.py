@@ -70,8 +70,9 @@ class CallPlanner(Projection):
     def _clear_tool_results(self, view: SendView, usage: Usage,
                             min_gain: float = clearing.MIN_GAIN) -> tuple[SendView, Usage, list[str]]:
         """S2 at the warn line: clear old tool results (and, if still needed, long old arguments)
-        in one go, only forward, and only when it frees enough to be worth a cache miss (`min_gain`
-        of the usable window; any gain right after a compaction, which has paid the miss already)."""
+        in one go, only forward, the oldest rounds first and as few as bring the payload under the
+        clearing target, and only when it frees enough to be worth a cache miss (`min_gain` of the
+        usable window; any gain right after a compaction, which has paid the miss already)."""
         starts = clearing.rounds(self._events)
         if not starts:
             return view, usage, []
@@ -79,8 +80,10 @@ class CallPlanner(Projection):
         keep = [starts[-n] for n in (clearing.KEEP_ROUNDS, 1) if len(starts) >= n]
         options = [(keep[0], current.prune_before), (keep[0], keep[0])] + ([(keep[1], keep[1])] if len(keep) > 1 else [])
         target = (self.profile().warn - clearing.HEADROOM) * usage.effective
-        best: tuple[Clearing, SendView, Usage] | None = None
-        for clear_before, prune_before in options:
+        # the fewest old rounds that get there; only when clearing up to the kept rounds cannot, the
+        # options that keep fewer rounds or stub old arguments too
+        best = self._clear_to_target(current, [u for u in starts if current.clear_before < u <= keep[0]], target)
+        for clear_before, prune_before in options if best is None else []:
             option = replace(current, clear_before=max(current.clear_before, clear_before),
                              prune_before=max(current.prune_before, prune_before))
             if option == current:
@@ -104,6 +107,31 @@ class CallPlanner(Projection):
         if after.pruned > before.pruned:
             text += f" and stubbed the long arguments of {after.pruned - before.pruned} old tool calls"
         return new_view, new_usage, [text]
+
+    def _clear_to_target(self, current: Clearing, starts: list[int], target: float
+                         ) -> tuple[Clearing, SendView, Usage] | None:
+        """The clearing that clears the fewest old results (the oldest first, whole rounds) and brings the
+        payload under `target`, by bisection over the round starts; None when even the last allowed
+        round start does not."""
+        def at(i: int) -> tuple[Clearing, SendView, Usage]:
+            option = replace(current, clear_before=starts[i])
+            view = self.send_view(option)
+            return option, view, self.usage(view)
+
+        if not starts:
+            return None
+        last = at(len(starts) - 1)
+        if last[2].tokens >= target:
+            return None
+        lo, hi, best = 0, len(starts) - 1, last
+        while lo < hi:
+            mid = (lo + hi) // 2
+            got = at(mid)
+            if got[2].tokens < target:
+                best, hi = got, mid
+            else:
+                lo = mid + 1
+        return best
 
     def _act_on_tier(self, usage: Usage) -> list[str]:
         """Says where the context stands, once per tier change (the ledger keeps a row)."""
