@@ -284,6 +284,17 @@ def test_a_clearing_clears_the_oldest_rounds_only_as_far_as_its_target(store_dir
         script += [tool_call("build", {"target": f"t{i}"}, f"call_{i}"), f"round {i} done"]
     s = Session("s2t", store=store_dir, window_tokens=24000, llm=FakeLLM(script=script), auto_compaction=False)
     s.register_tool(Tool("build", "build a target", {"type": "object"}, lambda target: big_output(int(target[1:]), 1500)))
+    fewer: list[int] = []
+    chosen = s._clear_to_target
+
+    def at_the_clearing(current, starts, target):  # one round fewer, measured when the clearing is chosen
+        found = chosen(current, starts, target)
+        if found is not None:
+            earlier = max(u for u in clearing.rounds(s.events) if u < found[0].clear_before)
+            fewer.append(s.usage(s.send_view(Clearing(current.trim_chars, earlier, current.prune_before))).tokens)
+        return found
+
+    s._clear_to_target = at_the_clearing
     for i in range(60):
         s.chat(f"build target t{i}")
         if any(r["kind"] == "clearing" for r in s.ledger()):
@@ -293,11 +304,8 @@ def test_a_clearing_clears_the_oldest_rounds_only_as_far_as_its_target(store_dir
     usage = s.usage(view)
     target = (s.profile().warn - clearing.HEADROOM) * usage.effective
     assert row["tokens_after"] < target <= row["tokens_before"]
+    assert fewer and fewer[0] >= target  # one round fewer would not have reached the target
     starts = clearing.rounds(s.events)
-    earlier = max(u for u in starts if u < row["clear_before"])  # one round fewer cleared
-    state = s.clearing_state()
-    fewer = s.usage(s.send_view(Clearing(state.trim_chars, earlier, state.prune_before)))
-    assert fewer.tokens >= target  # ... would not have reached the target
     old_full = [u for u, f, m in zip(view.uids, view.forms, view.messages)
                 if m["role"] == "tool" and f == "full" and u is not None and u < starts[-clearing.KEEP_ROUNDS]]
     assert old_full  # rounds older than the kept ones are still whole: the target did not need them

@@ -80,7 +80,9 @@ class CallPlanner(Projection):
         keep = [starts[-n] for n in (clearing.KEEP_ROUNDS, 1) if len(starts) >= n]
         options = [(keep[0], current.prune_before), (keep[0], keep[0])] + ([(keep[1], keep[1])] if len(keep) > 1 else [])
         target = (self.profile().warn - clearing.HEADROOM) * usage.effective
-        # the fewest old rounds that get there; only when clearing up to the kept rounds cannot, the
+        if usage.tokens < target:  # right after a compaction that got there: nothing to clear
+            return view, usage, []
+        # about the fewest old rounds that get there; only when clearing up to the kept rounds cannot, the
         # options that keep fewer rounds or stub old arguments too
         best = self._clear_to_target(current, [u for u in starts if current.clear_before < u <= keep[0]], target)
         for clear_before, prune_before in options if best is None else []:
@@ -110,9 +112,11 @@ class CallPlanner(Projection):
 
     def _clear_to_target(self, current: Clearing, starts: list[int], target: float
                          ) -> tuple[Clearing, SendView, Usage] | None:
-        """The clearing that clears the fewest old results (the oldest first, whole rounds) and brings the
-        payload under `target`, by bisection over the round starts; None when even the last allowed
-        round start does not."""
+        """The clearing that clears about the fewest old results (the oldest first, whole rounds) and
+        brings the payload under `target`, by bisection over the round starts (the payload shrinks with
+        the boundary except where a result no longer than its placeholder adds fact lines: then a
+        boundary a little later than the fewest); what it returns was measured under `target`. None
+        when even the last allowed round start does not get there."""
         def at(i: int) -> tuple[Clearing, SendView, Usage]:
             option = replace(current, clear_before=starts[i])
             view = self.send_view(option)
