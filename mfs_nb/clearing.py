@@ -27,7 +27,7 @@ KEEP_ROUNDS = 3  # the newest tool rounds keep their results when old ones are c
 # and the byte-stable prefix"): a clearing must free at least MIN_GAIN of the usable window, and it
 # clears down to HEADROOM below the warn line — the oldest rounds first, as few as get there (until
 # 2026-12-05 every round but the last KEEP_ROUNDS, which at 128k took a payload of 93k tokens to 38k
-# where 63k was the aim) — keeping fewer rounds if needed, so that the next one is many calls away; when no option frees
+# where 60k was the aim) — keeping fewer rounds if needed, so that the next one is many calls away; when no option frees
 # that much, nothing is cleared and compaction acts at its own line. Measured on the three shared
 # coding sessions at 8k (`mfs-nb bench consolidation`): 0.05 and 0 cleared every 3-5 calls and
 # kept 83-87 % of the prefix over all calls; these kept 93-95 % (before clearing stopped at its aim;
