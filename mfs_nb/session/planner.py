@@ -72,7 +72,8 @@ class CallPlanner(Projection):
         """S2 at the warn line: clear old tool results (and, if still needed, long old arguments)
         in one go, only forward, the oldest rounds first and as few as bring the payload under the
         clearing target, and only when it frees enough to be worth a cache miss (`min_gain` of the
-        usable window; any gain right after a compaction, which has paid the miss already)."""
+        usable window; any gain right after a compaction that left the payload over that target, since
+        the compaction has paid the miss already)."""
         starts = clearing.rounds(self._events)
         if not starts:
             return view, usage, []
