@@ -47,4 +47,5 @@ class Host:
     embedder: Callable[[bool], Any] = _nothing  # the quality-gated embedder or None; (False): only if loaded
     embedder_off: Callable[[], str | None] = _nothing  # why there is no embedder, when there is none
     busy: Callable[[], bool] = lambda: False  # a turn is running (background work yields to it)
+    turn_ended: Callable[[], float] = lambda: 0.0  # when the last turn ended (time.monotonic; 0 before any)
     miss_weight: Callable[[], float | None] = _nothing  # a cache miss's price per token freed (`cost.miss_weight`)

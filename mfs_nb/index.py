@@ -52,10 +52,16 @@ if TYPE_CHECKING:
 # The background thread embeds one text per call on one core at the lowest priority (`limit_this_thread`;
 # the indexers of all sessions of a process take turns on that core, `_BACKGROUND_CORE`), so a turn or a
 # search keeps the other cores, and before each text it waits while a turn or a search runs; vectors are
-# written every WRITE_ROWS rows, so the store sees a few writes a minute instead of one per text.
+# written every WRITE_ROWS rows, so the store sees a few writes a minute instead of one per text. A write
+# cannot be stopped once begun, and a turn that starts during one shares the machine with it (at 32 rows
+# written whenever they were ready, one turn in ten overlapped a write; `mfs-nb bench recall_speed`): so
+# while turns keep coming, rows wait (up to HOLD_ROWS) for the moment right after a turn or a search
+# ends (SHADOW_S), the furthest from the next one, and each commit of a write waits while a turn runs.
 BATCH = 1
 _BACKGROUND_CORE = threading.Lock()  # held by a background indexer while it embeds (`Indexer._core`)
-WRITE_ROWS = 32
+WRITE_ROWS = 128
+HOLD_ROWS = 4 * WRITE_ROWS  # rows embedded and not written yet, at most, while waiting for that moment
+SHADOW_S = 0.15  # "right after a turn ended"
 TEXT_EVENTS = 1_000  # events per full-text write when a backlog is indexed
 IDLE_GRACE_S = 0.1  # after a turn, wait this long before indexing again
 IDLE_CORES_S = 2.0  # no turn, write or search for this long: the background indexer embeds on every core
@@ -195,6 +201,7 @@ class Indexer:
                 rows += wins
                 if rows:
                     store.index_text(rows)
+                    self._yield_to_turn()
                 if step or (last and new_segs):
                     text_upto = max([text_upto] + [e.uid for e in step])
                     if last:
@@ -229,7 +236,8 @@ class Indexer:
             return
         self._rows_since_optimize = 0
         try:
-            info = self.host.store.optimize_recall(embedder.model_id if embedder is not None else None)
+            info = self.host.store.optimize_recall(embedder.model_id if embedder is not None else None,
+                                                   between=self._yield_to_turn)
         except Exception as exc:  # a fold is an optimisation: nothing is lost, and indexing goes on
             self.host.log("recall_fold_skipped", error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
             return
@@ -288,12 +296,14 @@ class Indexer:
                     return written, upto, seg_upto
                 pending += zip(batch, vectors, self._latent(embedder, batch))
             rest = todo[i + size:]
-            if len(pending) < every and rest:
+            if rest and (len(pending) < every or len(pending) < max(every, HOLD_ROWS) and not self._time_to_write()):
                 continue
-            self._yield_to_turn()
+            self._yield_to_turn()  # and before each commit: a turn that starts meanwhile overlaps one, not three
             store.index_latent(model_id, [latent_row(r, t) for r, _, t in pending if t is not None])
+            self._yield_to_turn()
             store.index_vectors(model_id, [{k: r[k] for k in INDEX_FIELDS} | {"vector": v.tolist()}
                                            for r, v, _ in pending])
+            self._yield_to_turn()
             done_rows = [r for r, _, _ in pending]
             written += len(pending)
             flushed, pending = pending, []
@@ -410,6 +420,15 @@ class Indexer:
             waited = True
             self._active_at = time.monotonic()
             time.sleep(0.02)
+
+    def _time_to_write(self) -> bool:
+        """Whether the background thread writes the rows it holds now: right after a turn or a search
+        ended (the next one is furthest away), or once none has come for `IDLE_CORES_S` (a person
+        reading, a history left to index). Any other thread writes at once."""
+        if threading.current_thread() is not self._thread:
+            return True
+        since = time.monotonic() - max(self.host.turn_ended(), last_search())
+        return since < SHADOW_S or since >= IDLE_CORES_S
 
     def _set_threads(self) -> None:
         """The background thread embeds on one core while the session is in use, so a turn or a

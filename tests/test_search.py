@@ -8,6 +8,7 @@ import json
 import re
 import time
 import zlib
+from typing import Any
 
 import numpy as np
 import pytest
@@ -626,7 +627,7 @@ def test_a_fold_that_fails_mid_catch_up_loses_nothing_and_indexing_goes_on(store
     """Two kernels (or the quiet fold) folding one table at once: one commit loses. The catch-up goes on."""
     s = _backlog(store_dir, monkeypatch, 12, fold_every=4)
 
-    def conflict(model_id):
+    def conflict(model_id, **_):
         raise RuntimeError("Retryable commit conflict for version 9: Rewrite preempted")
 
     monkeypatch.setattr(s.store, "optimize_recall", conflict)
@@ -1078,3 +1079,97 @@ def test_the_index_watermark_never_moves_back(store_dir):
     store.save_recall_state("w", "", 3, 1)
     store.save_recall_state("w", "m", 1, 0)  # each model has its own
     assert store.recall_state("w", "") == (3, 1) and store.recall_state("w", "m") == (1, 0)
+
+
+def test_a_turn_that_starts_during_a_write_of_the_index_overlaps_that_commit_only(store_dir, monkeypatch):
+    """A write of the index cannot be stopped once begun, but it is three commits (latent terms,
+    vectors, the watermark): a turn that starts during the first shares the machine with that one,
+    and the next waits for the turn's end."""
+    import threading
+    import time
+
+    s = _fts_session(store_dir)
+    emb = _Embedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    seen: list[tuple[str, bool, float]] = []
+    turn = {"ended": 0.0}
+
+    def a_turn() -> None:
+        with s._lock:
+            held.set()
+            time.sleep(0.4)
+            turn["ended"] = time.monotonic()
+
+    held = threading.Event()
+
+    def watch(name: str) -> Any:
+        real = getattr(s.store, name)
+
+        def spy(*args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread() is s.indexer._thread:
+                seen.append((name, s._busy(), time.monotonic()))
+                if name == "index_latent" and not held.is_set():
+                    threading.Thread(target=a_turn).start()  # a turn starts while this commit runs
+                    assert held.wait(5)
+            return real(*args, **kwargs)
+        return spy
+
+    for name in ("index_latent", "index_vectors", "save_recall_state"):
+        monkeypatch.setattr(s.store, name, watch(name))
+    s.record("user", "a message about the harbour", new_turn=True)
+    assert s.indexer.wait(30) and s.store.recall_state("s", "fake/8d")[0] == 1
+    first = [n for n, _, _ in seen].index("index_latent")  # the text rows' watermark comes before
+    assert [n for n, _, _ in seen[first:first + 3]] == ["index_latent", "index_vectors", "save_recall_state"]
+    assert all(not busy and at >= turn["ended"] for _, busy, at in seen[first + 1:])
+
+
+def test_a_fold_of_the_index_offers_a_pause_before_each_table(store_dir, monkeypatch):
+    """The background indexer waits for a running turn between the tables of a fold, as between commits."""
+    from mfs_nb.store.recall import RECALL_WINDOWS
+
+    s = _fts_session(store_dir)
+    emb = _Embedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    s.indexer.enabled = False
+    s.record("user", "a message about the harbour", new_turn=True)
+    s.indexer.catch_up()
+    calls: list[int] = []
+    s.store.optimize_recall(emb.model_id, between=lambda: calls.append(1))
+    tables = (1 + (s.store._recall_text(create=False, name=RECALL_WINDOWS) is not None)
+              + (s.store._recall_vectors(emb.model_id) is not None) + (s.store._recall_latent(emb.model_id) is not None))
+    assert len(calls) == tables >= 2
+
+
+@pytest.mark.parametrize("shadow_s, first_write", [(0.1, 8), (30.0, 2)])
+def test_while_turns_keep_coming_the_indexer_writes_right_after_one_ends(store_dir, monkeypatch, shadow_s, first_write):
+    """Rows embedded in the background wait (up to HOLD_ROWS) for the moment right after a turn
+    ended, the furthest from the next one: a write cannot be stopped once begun."""
+    import threading
+    import time
+
+    from mfs_nb import index
+
+    monkeypatch.setattr(index, "WRITE_ROWS", 2)
+    monkeypatch.setattr(index, "HOLD_ROWS", 8)
+    monkeypatch.setattr(index, "SHADOW_S", shadow_s)  # 30 s: every moment of the test is "right after"
+    monkeypatch.setattr(index, "IDLE_CORES_S", 60.0)  # no moment of the test is "a person has left"
+    s = _fts_session(store_dir)
+    emb = _Embedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    s.indexer.enabled = False
+    for i in range(12):
+        s.record("assistant", f"note {i} on topic{i}")
+    writes: list[int] = []
+    real = s.store.index_vectors
+
+    def spy(model_id, rows):
+        if threading.current_thread() is s.indexer._thread:
+            writes.append(len(rows))
+        return real(model_id, rows)
+
+    monkeypatch.setattr(s.store, "index_vectors", spy)
+    s._turn_ended_at = time.monotonic() - 0.5  # half a second ago: between two turns
+    s.indexer.enabled = True
+    s.indexer.kick()
+    assert s.indexer.wait(30) and s.store.recall_state("s", "fake/8d")[0] == 12
+    assert writes[0] == first_write and sum(writes) == 12

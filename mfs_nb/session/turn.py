@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -70,6 +71,7 @@ class Session(Memory):
         self._saved = {**saved, **{k: getattr(self.settings, k) for k in explicit if k not in transient}}
         self._writer = uuid.uuid4().hex
         self._lock = threading.RLock()
+        self._turn_ended_at = 0.0  # time.monotonic when the last turn ended (`Host.turn_ended`)
         self._ledger_lock = threading.Lock()
         self._events: list[Event] = self.store.load_events(name)
         self._meter = Meter.from_json(meta.get("anchor"))
@@ -165,6 +167,7 @@ class Session(Memory):
             with offprocess.foreground():  # the background encoder stops until the turn ends
                 return self._chat_locked(text, quote, attached, own, notices, origin, stream, on_delta, on_reset)
         finally:
+            self._turn_ended_at = time.monotonic()
             self._quiet.turn_ended()
 
     def _chat_locked(self, text: str, quote: bool, attached: list[tuple[str, str]], own: bool, notices: list[str],
@@ -256,7 +259,7 @@ class Session(Memory):
             load_breaker=lambda: self._breaker, save_breaker=self._save_breaker,
             segments=lambda: self.compactor.in_force(),
             embedder=lambda load: self.verbatim.vector_layer() if load else self.verbatim.loaded_layer(),
-            embedder_off=lambda: self.verbatim.off_reason, busy=self._busy,
+            embedder_off=lambda: self.verbatim.off_reason, busy=self._busy, turn_ended=lambda: self._turn_ended_at,
             miss_weight=self.miss_weight)
 
     def status(self) -> dict[str, Any]:

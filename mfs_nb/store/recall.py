@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -248,24 +249,28 @@ class RecallTables(StoreCore):
                 out.setdefault(int(r["uid"]), list(r["vector"]) if select else [])
         return out
 
-    def optimize_recall(self, model_id: str | None) -> dict[str, Any]:
+    def optimize_recall(self, model_id: str | None, between: Callable[[], None] = lambda: None) -> dict[str, Any]:
         """Fold new rows into the indexes and remove versions older than `_FOLD_KEEP_S`, as a turn's
         fold does (`_fold`); build the ANN index once the vectors table is big enough. Returns what was
         done (for the ledger and the docs).
 
         The versions matter: each write of the index is one, and a fold rewrites the table's data, so
         until they are removed every fold leaves a full copy behind (they were kept until the next
-        quiet moment, which a session whose index is still catching up does not reach)."""
+        quiet moment, which a session whose index is still catching up does not reach). `between` is
+        called before each table's fold (the background indexer waits there while a turn runs)."""
         done: dict[str, Any] = {}
         keep = self._keep()
+        between()
         text = self._recall_text()
         text.optimize(cleanup_older_than=keep)
         done["text_rows"] = text.count_rows()
         windows = self._recall_text(create=False, name=RECALL_WINDOWS)
         if windows is not None:
+            between()
             windows.optimize(cleanup_older_than=keep)
         table = self._recall_vectors(model_id) if model_id else None
         if table is not None:
+            between()
             rows = table.count_rows()
             done["vector_rows"] = rows
             has_ann = any(i.index_type.startswith("IVF") for i in table.list_indices())
@@ -282,6 +287,7 @@ class RecallTables(StoreCore):
             self._ann[model_id] = has_ann
         latent = self._recall_latent(model_id) if model_id else None
         if latent is not None:
+            between()
             latent.optimize(cleanup_older_than=keep)
         return done
 
