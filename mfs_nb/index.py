@@ -99,6 +99,7 @@ class Indexer:
         self._active_at = time.monotonic()  # the last turn, write or search the background thread saw
         self._latent_seen: OrderedDict[tuple[str, str], Any] = OrderedDict()  # (model, text) -> the latent terms
         self._threads = 0  # the encoder threads the background thread is set to (0: not set yet)
+        self._resumed_at = 0.0  # when the background thread last went on after waiting for a turn
 
     # -- writing -----------------------------------------------------------------------------
     def kick(self, force: bool = False) -> None:
@@ -248,7 +249,9 @@ class Indexer:
                  turns: dict[int, int], progress: Any, size: int = BATCH, plain: bool = True) -> int:
         """Embed what the model's table lacks, `size` texts per call, and write the vectors (with
         the watermark) every `max(size, WRITE_ROWS)` rows. In the background thread it embeds one
-        text at a time and waits while a turn runs, before every text and every write."""
+        text at a time and waits while a turn or a search runs, before every text and every commit,
+        and while turns keep coming it holds up to `HOLD_ROWS` rows for the moment right after one
+        (`_time_to_write`)."""
         store, name, model_id = self.host.store, self.host.name, embedder.model_id
         upto, seg_upto = store.recall_state(name, model_id)
         # latent terms are written with the vectors; rows embedded before (an older store, a head that
@@ -416,6 +419,7 @@ class Indexer:
                     return
                 time.sleep(IDLE_GRACE_S)  # the next turn of a loop of turns usually starts right away
                 if not busy():
+                    self._resumed_at = time.monotonic()
                     return
             waited = True
             self._active_at = time.monotonic()
@@ -423,12 +427,15 @@ class Indexer:
 
     def _time_to_write(self) -> bool:
         """Whether the background thread writes the rows it holds now: right after a turn or a search
-        ended (the next one is furthest away), or once none has come for `IDLE_CORES_S` (a person
-        reading, a history left to index). Any other thread writes at once."""
+        ended (the next one is furthest away) — within `SHADOW_S` of its end, or of this thread going
+        on after waiting for it (`_yield_to_turn` goes on `IDLE_GRACE_S` after the end) — or once none
+        has come for `IDLE_CORES_S` (a person reading, a history left to index). Any other thread
+        writes at once."""
         if threading.current_thread() is not self._thread:
             return True
-        since = time.monotonic() - max(self.host.turn_ended(), last_search())
-        return since < SHADOW_S or since >= IDLE_CORES_S
+        now = time.monotonic()
+        since = now - max(self.host.turn_ended(), last_search())
+        return since < SHADOW_S or now - self._resumed_at < SHADOW_S or since >= IDLE_CORES_S
 
     def _set_threads(self) -> None:
         """The background thread embeds on one core while the session is in use, so a turn or a

@@ -1153,6 +1153,7 @@ def test_while_turns_keep_coming_the_indexer_writes_right_after_one_ends(store_d
     monkeypatch.setattr(index, "HOLD_ROWS", 8)
     monkeypatch.setattr(index, "SHADOW_S", shadow_s)  # 30 s: every moment of the test is "right after"
     monkeypatch.setattr(index, "IDLE_CORES_S", 60.0)  # no moment of the test is "a person has left"
+    monkeypatch.setattr(index, "last_search", lambda: 0.0)  # another test's search is not this session's
     s = _fts_session(store_dir)
     emb = _Embedder()
     monkeypatch.setattr(s.indexer, "model", lambda: emb)
@@ -1173,3 +1174,50 @@ def test_while_turns_keep_coming_the_indexer_writes_right_after_one_ends(store_d
     s.indexer.kick()
     assert s.indexer.wait(30) and s.store.recall_state("s", "fake/8d")[0] == 12
     assert writes[0] == first_write and sum(writes) == 12
+
+
+def test_an_indexer_that_waited_for_a_turn_writes_as_it_goes_on(store_dir, monkeypatch):
+    """The background thread goes on a moment after the turn it waited for ended (IDLE_GRACE_S):
+    that moment is still "right after a turn", and the rows it holds are written then. Its folds
+    wait for a running turn between tables too."""
+    import threading
+    import time
+
+    from mfs_nb import index
+
+    monkeypatch.setattr(index, "WRITE_ROWS", 2)
+    monkeypatch.setattr(index, "HOLD_ROWS", 8)
+    monkeypatch.setattr(index, "SHADOW_S", 1.0)
+    monkeypatch.setattr(index, "IDLE_CORES_S", 60.0)
+    monkeypatch.setattr(index, "OPTIMIZE_EVERY", 1)
+    monkeypatch.setattr(index, "last_search", lambda: 0.0)
+    s = _fts_session(store_dir)
+    emb = _Embedder()
+    monkeypatch.setattr(s.indexer, "model", lambda: emb)
+    s.indexer.enabled = False
+    for i in range(12):
+        s.record("assistant", f"note {i} on topic{i}")
+    writes: list[int] = []
+    folds: list[Any] = []
+    real_vectors, real_fold = s.store.index_vectors, s.store.optimize_recall
+
+    def vectors(model_id, rows):
+        if threading.current_thread() is s.indexer._thread:
+            writes.append(len(rows))
+        return real_vectors(model_id, rows)
+
+    def fold(model_id, **kwargs):
+        folds.append(kwargs.get("between"))
+        return real_fold(model_id, **kwargs)
+
+    monkeypatch.setattr(s.store, "index_vectors", vectors)
+    monkeypatch.setattr(s.store, "optimize_recall", fold)
+    s._turn_ended_at = time.monotonic() - 5  # the turn before ended long ago (and not 60 s ago)
+    with s._lock:  # a turn runs: the indexer starts and waits for it
+        s.indexer.enabled = True
+        s.indexer.kick()
+        time.sleep(0.3)
+        assert not writes
+    assert s.indexer.wait(30) and s.store.recall_state("s", "fake/8d")[0] == 12
+    assert writes[0] == 2 and sum(writes) == 12
+    assert folds and all(b == s.indexer._yield_to_turn for b in folds)

@@ -165,9 +165,11 @@ class Session(Memory):
         self._quiet.turn_started()
         try:
             with offprocess.foreground():  # the background encoder stops until the turn ends
-                return self._chat_locked(text, quote, attached, own, notices, origin, stream, on_delta, on_reset)
+                try:
+                    return self._chat_locked(text, quote, attached, own, notices, origin, stream, on_delta, on_reset)
+                finally:  # before the encoder goes on: the indexer's next look sees this turn's end
+                    self._turn_ended_at = time.monotonic()
         finally:
-            self._turn_ended_at = time.monotonic()
             self._quiet.turn_ended()
 
     def _chat_locked(self, text: str, quote: bool, attached: list[tuple[str, str]], own: bool, notices: list[str],
