@@ -46,6 +46,7 @@ _TEXT: dict[str, tuple[str, str]] = {
     "facts_calls": ("other tool calls:", "其他工具调用："),
     "facts_files": ("files touched:", "涉及的文件："),
     "facts_said": ("said (user and assistant):", "说过的话（用户与助手）："),
+    "facts_outputs": ("what tools returned:", "工具返回的内容："),
     "facts_dropped": (
         "[older fact lines of uids {lo}–{hi} left for the budget ({what}); recall_history returns them]",
         "[uid {lo}–{hi} 中较早的事实行因预算省略（{what}）；recall_history 可取回]"),
@@ -54,6 +55,7 @@ _TEXT: dict[str, tuple[str, str]] = {
     "count_calls": ("{n} calls", "工具调用 {n} 条"),
     "count_files": ("{n} files", "文件 {n} 条"),
     "count_said": ("{n} said", "对话 {n} 条"),
+    "count_outputs": ("{n} output lines", "输出 {n} 条"),
     "guide_dropped": ("- ({n} older lines of this guide left for the budget)", "- （本指南较早的 {n} 行因预算省略）"),
     "evicted": ("[earlier history, uids {spans}, was compressed and its summaries no longer fit here; "
                 "recall_history returns the originals]",

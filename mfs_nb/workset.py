@@ -15,7 +15,10 @@ Deterministic, zero LLM, a pure function of events. From a range of the log it t
 - **errors seen**: exception lines with their message, failing tests, ``error:`` lines and the
   ``path:line`` location beside them, from tool results;
 - **what was said**: fact lines (errors, commands, paths, numbers) of user and assistant text, and
-  the user's decisions and constraints ("use X instead", "never …", "不要 …").
+  the user's decisions and constraints ("use X instead", "never …", "不要 …");
+- **what tools returned** (the session's fact track only, not a segment's fact list): the fact lines
+  (commands, paths, numbers) a tool result printed, ranked under every other kind, so they fill the
+  room the rest leaves, newest first.
 
 Lines are cut at 200 characters (head 150 + "…" + tail 50). Within a budget, the higher kinds
 win (errors > commands and decisions > paths > bare numbers) and, within a kind, the newer line;
@@ -40,13 +43,15 @@ from .events import Event
 from .facts import COMMAND, ERROR, LINE_CHARS, PATH, cut, extract
 from .tokens import estimate_tokens
 
-GROUPS = ("errors", "commands", "calls", "files", "said")  # each group's caption is `lang` key facts_<group>
+GROUPS = ("errors", "commands", "calls", "files", "said", "outputs")  # each group's caption is `lang` key facts_<group>
 _LOOKUP = re.compile(r"^(?:get|list|search|find|read|fetch|lookup|query|show|view|check|calculate|describe)", re.I)
 MEMORY_TOOLS = frozenset({"recall_history", "recall_search", "remember", "forget"})  # the memory layer's own tools: not work done
 CHANGES = ("created", "edited", "deleted")
 MAX_UIDS = 5  # uids shown on one collapsed line (the newest); the count of the rest follows
 ERRORS_PER_RESULT = 4
 SAID_CACHE = 20_000  # messages whose text lines are kept (`said_lines`); a message is a few hundred bytes of lines
+OUTPUT = 4  # output lines rank under every other kind (4 + the fact's own kind: commands, paths, numbers)
+OUTPUT_CACHE = 20_000  # tool results whose fact lines are kept (`output_lines`); the keys are the log's own strings
 TOOL = "tool: "  # the speaker of lines read from tool calls and results (said lines carry user: / assistant:)
 
 _FILE_KEYS = ("file_path", "path", "notebook_path", "filename", "file", "target_file", "filepath")
@@ -236,10 +241,12 @@ def error_lines(result: str, limit: int = ERRORS_PER_RESULT) -> list[str]:
 
 
 def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: int | None = None,
-             skip_uids: Iterable[int] = ()) -> list[Line]:
+             skip_uids: Iterable[int] = (), outputs: bool = False) -> list[Line]:
     """The working set of `events`: tool lines of events up to `tool_upto`, text lines of user and
-    assistant events up to `text_upto` (None: all), none from `skip_uids`. Collapsed, unbudgeted."""
+    assistant events up to `text_upto` (None: all), none from `skip_uids`. Collapsed, unbudgeted.
+    `outputs`: also the fact lines of what the tools returned (the fact track's, ranked last)."""
     skip = set(skip_uids)
+    output: dict[str, tuple[int, list[int]]] = {}
     files: dict[str, _File] = {}
     commands: dict[str, _Command] = {}
     calls: dict[str, tuple[int, str, list[int]]] = {}
@@ -297,6 +304,11 @@ def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: i
         elif e.role == "tool" and tool_ok and e.name not in MEMORY_TOOLS:  # a recall repeats, it saw nothing new
             for text in (failed_lines(e.content) if e.name == CELLS and not e.tool_call_id else error_lines(e.content)):
                 errors.setdefault(text, []).append(e.uid)
+            if outputs:
+                for text, kind in output_lines(e.content):
+                    uids = output.setdefault(text, (kind, []))[1]
+                    if not uids or uids[-1] != e.uid:
+                        uids.append(e.uid)
         if e.role in ("user", "assistant") and text_ok and e.content:
             for text, kind in said_lines(e.role, e.content):
                 _add_said(said, text, kind, e.uid)
@@ -313,7 +325,17 @@ def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: i
         out.append(Line("files", PATH, f.path, text, tuple(f.uids)))
     for text, (kind, uids) in said.items():
         out.append(Line("said", kind, text, text, tuple(uids)))
+    for text, (kind, uids) in output.items():
+        out.append(Line("outputs", OUTPUT + kind, text, cut(TOOL + text), tuple(uids)))
     return out
+
+
+@functools.lru_cache(maxsize=OUTPUT_CACHE)
+def output_lines(content: str) -> tuple[tuple[str, int], ...]:
+    """The fact lines of one tool result other than its errors (those are `error_lines`): commands,
+    paths and numbers it printed, word for word. Cached like `said_lines` (the fact track is rebuilt
+    from all the compacted history); the cache holds the log's own strings, not copies."""
+    return tuple((f.text, f.kind) for f in extract(content) if f.kind != ERROR)
 
 
 @functools.lru_cache(maxsize=SAID_CACHE)
@@ -409,7 +431,7 @@ def budget(lines: Sequence[Line], max_tokens: int, max_lines: int | None = None,
     order = sorted(lines, key=lambda x: (x.kind, -x.newest))
     reserve = 40 if len(lines) else 0
     kept: list[Line] = []
-    tokens = len(GROUPS) * 4 + reserve
+    tokens = (len(GROUPS) - all(x.group != "outputs" for x in lines)) * 4 + reserve  # a caption each
     for x in order:
         cost = estimate_tokens(x.render(language)) + 2
         if (max_lines is None or len(kept) < max_lines) and tokens + cost <= max_tokens:
@@ -448,14 +470,16 @@ def caption(upto: int, language: str = "") -> str:
 def fact_track(events: Sequence[Event], text_upto: int, tool_upto: int, skip_uids: Iterable[int], max_tokens: int,
                shown_text: str = "") -> FactTrack | None:
     """Text lines of user and assistant messages up to `text_upto` (the compacted history) and tool
-    lines (files, commands, errors) up to `tool_upto` (compacted, or cleared and pruned by S2), less
-    what `shown_text` (the segments in the payload) already says word for word and the messages in
-    `skip_uids` (kept whole by the user-verbatim track). Errors, commands and decisions first."""
+    lines (files, commands, errors, and the commands, paths and numbers the tools printed) up to
+    `tool_upto` (compacted, or cleared and pruned by S2),
+    less what `shown_text` (the segments in the payload) already says word for word and the messages
+    in `skip_uids` (kept whole by the user-verbatim track). Errors, commands and decisions first; what
+    tools printed last, newest first, in the room the rest leaves."""
     upto = max(text_upto, tool_upto)
     if max_tokens <= 0 or upto <= 0:
         return None
     scope = [e for e in events if e.uid <= upto]
-    lines = without_shown(lines_of(scope, text_upto, tool_upto, skip_uids), shown_text)
+    lines = without_shown(lines_of(scope, text_upto, tool_upto, skip_uids, outputs=True), shown_text)
     language = lang.header_language(scope)
     head = caption(upto, language)
     kept = budget(lines, max_tokens - estimate_tokens(head), language=language)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from conftest import FakeLLM
 
 from mfs_nb import Session
@@ -69,3 +71,27 @@ def test_facts_survive_the_eviction_of_their_segment_map(store_dir, roomy_layers
     s.record("assistant", "ok")
     again = s.send_view()
     assert again.messages[kinds.index("facts")]["content"] == text  # only compaction events rebuild it
+
+
+def test_what_tools_printed_fills_the_room_the_rest_leaves_newest_first():
+    """A compacted tool result's printed paths and numbers stay in the fact track, under their own
+    caption, ranked under every other line: a tight track keeps the working set and drops them first."""
+    from mfs_nb.workset import lines_of
+
+    def call(uid: int, cid: str, command: str) -> Event:
+        return Event(uid, "s", uid, "assistant", "", tool_calls=({"id": cid, "type": "function", "function": {
+            "name": "Bash", "arguments": json.dumps({"command": command})}},))
+
+    events = [Event(1, "s", 1, "user", "Find where the pool size is set."),
+              call(2, "c1", "ls config"), Event(3, "s", 3, "tool", "config/pool.exs\nconfig/runtime.exs", tool_call_id="c1"),
+              call(4, "c2", "grep -rn pool_size config"),
+              Event(5, "s", 5, "tool", "config/runtime.exs:12:  pool_size: 64 connections", tool_call_id="c2")]
+    full = fact_track(events, 5, 5, set(), 10_000)
+    assert full is not None
+    printed = full.text.split("what tools returned:")[1]
+    assert "- tool: config/runtime.exs:12:  pool_size: 64 connections [#5]" in printed
+    assert "config/pool.exs" in printed
+    assert full.text.index("commands run:") < full.text.index("what tools returned:")
+    tight = fact_track(events, 5, 5, set(), 120)
+    assert tight is not None and "grep -rn pool_size config" in tight.text and "what tools returned:" not in tight.text
+    assert not [x for x in lines_of(events) if x.group == "outputs"]  # a segment's fact list leaves them out
