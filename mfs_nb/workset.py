@@ -41,6 +41,7 @@ from .cells import NAME as CELLS
 from .cells import failed_lines
 from .events import Event
 from .facts import COMMAND, ERROR, LINE_CHARS, PATH, cut, extract
+from .redaction import redact
 from .tokens import estimate_tokens
 
 GROUPS = ("errors", "commands", "calls", "files", "said", "outputs")  # each group's caption is `lang` key facts_<group>
@@ -51,7 +52,8 @@ MAX_UIDS = 5  # uids shown on one collapsed line (the newest); the count of the 
 ERRORS_PER_RESULT = 4
 SAID_CACHE = 20_000  # messages whose text lines are kept (`said_lines`); a message is a few hundred bytes of lines
 OUTPUT = 4  # output lines rank under every other kind (4 + the fact's own kind: commands, paths, numbers)
-OUTPUT_CACHE = 20_000  # tool results whose fact lines are kept (`output_lines`); the keys are the log's own strings
+OUTPUT_POOL = 4  # printed lines read, in tokens, per token of room: the ranking (kind, then newest) chooses among them
+OUTPUT_CACHE = 2_000  # tool results whose printed lines are kept (`output_lines`; the newest are read first)
 TOOL = "tool: "  # the speaker of lines read from tool calls and results (said lines carry user: / assistant:)
 
 _FILE_KEYS = ("file_path", "path", "notebook_path", "filename", "file", "target_file", "filepath")
@@ -241,12 +243,14 @@ def error_lines(result: str, limit: int = ERRORS_PER_RESULT) -> list[str]:
 
 
 def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: int | None = None,
-             skip_uids: Iterable[int] = (), outputs: bool = False) -> list[Line]:
+             skip_uids: Iterable[int] = (), outputs: int = 0) -> list[Line]:
     """The working set of `events`: tool lines of events up to `tool_upto`, text lines of user and
-    assistant events up to `text_upto` (None: all), none from `skip_uids`. Collapsed, unbudgeted.
-    `outputs`: also the fact lines of what the tools returned (the fact track's, ranked last)."""
+    assistant events up to `text_upto` (None: all), none from `skip_uids`. Collapsed, unbudgeted,
+    except `outputs`: the fact track's lines of what the tools printed (ranked last), read from the
+    newest tool result back until they pass that many tokens (the track cannot hold more, and a long
+    history holds hundreds of thousands of them)."""
     skip = set(skip_uids)
-    output: dict[str, tuple[int, list[int]]] = {}
+    output = _printed(events, tool_upto, skip, OUTPUT_POOL * outputs) if outputs > 0 else {}
     files: dict[str, _File] = {}
     commands: dict[str, _Command] = {}
     calls: dict[str, tuple[int, str, list[int]]] = {}
@@ -304,11 +308,6 @@ def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: i
         elif e.role == "tool" and tool_ok and e.name not in MEMORY_TOOLS:  # a recall repeats, it saw nothing new
             for text in (failed_lines(e.content) if e.name == CELLS and not e.tool_call_id else error_lines(e.content)):
                 errors.setdefault(text, []).append(e.uid)
-            if outputs:
-                for text, kind in output_lines(e.content):
-                    uids = output.setdefault(text, (kind, []))[1]
-                    if not uids or uids[-1] != e.uid:
-                        uids.append(e.uid)
         if e.role in ("user", "assistant") and text_ok and e.content:
             for text, kind in said_lines(e.role, e.content):
                 _add_said(said, text, kind, e.uid)
@@ -330,12 +329,35 @@ def lines_of(events: Sequence[Event], text_upto: int | None = None, tool_upto: i
     return out
 
 
+def _printed(events: Sequence[Event], tool_upto: int | None, skip: set[int], tokens: int
+             ) -> dict[str, tuple[int, list[int]]]:
+    """What the tools printed, newest result first, until the lines pass `tokens`: {line: (kind, uids)}.
+    Not the memory tools' results (a recall repeats what was said) nor the cell log's."""
+    out: dict[str, tuple[int, list[int]]] = {}
+    used = 0
+    for e in reversed(events):
+        if used > tokens:
+            break
+        if (e.role != "tool" or e.uid in skip or (tool_upto is not None and e.uid > tool_upto)
+                or e.name in MEMORY_TOOLS or e.name == CELLS):
+            continue
+        for text, kind in output_lines(e.content):
+            if text not in out:
+                used += estimate_tokens(text) + 8
+            uids = out.setdefault(text, (kind, []))[1]
+            if e.uid not in uids:
+                uids.insert(0, e.uid)
+    return out
+
+
 @functools.lru_cache(maxsize=OUTPUT_CACHE)
 def output_lines(content: str) -> tuple[tuple[str, int], ...]:
-    """The fact lines of one tool result other than its errors (those are `error_lines`): commands,
-    paths and numbers it printed, word for word. Cached like `said_lines` (the fact track is rebuilt
-    from all the compacted history); the cache holds the log's own strings, not copies."""
-    return tuple((f.text, f.kind) for f in extract(content) if f.kind != ERROR)
+    """The fact lines one tool result printed — commands, paths, numbers, word for word — less its
+    error lines and the location lines beside them (the errors group carries those, `error_lines`).
+    Cached like `said_lines`: the fact track is rebuilt at every compaction."""
+    errors = error_lines(content, limit=len(content))
+    return tuple((f.text, f.kind) for f in extract(content)
+                 if not _is_error(f.text) and not any(f.text in x for x in errors))
 
 
 @functools.lru_cache(maxsize=SAID_CACHE)
@@ -479,12 +501,12 @@ def fact_track(events: Sequence[Event], text_upto: int, tool_upto: int, skip_uid
     if max_tokens <= 0 or upto <= 0:
         return None
     scope = [e for e in events if e.uid <= upto]
-    lines = without_shown(lines_of(scope, text_upto, tool_upto, skip_uids, outputs=True), shown_text)
+    lines = without_shown(lines_of(scope, text_upto, tool_upto, skip_uids, outputs=max_tokens), shown_text)
     language = lang.header_language(scope)
     head = caption(upto, language)
     kept = budget(lines, max_tokens - estimate_tokens(head), language=language)
     if not kept.lines:
         return None
-    text = head + "\n" + kept.render()
+    text = redact(head + "\n" + kept.render())  # a key a tool printed stays out, as in the cell log
     dropped = (min(x.uids[0] for x in kept.dropped), max(x.newest for x in kept.dropped)) if kept.dropped else None
     return FactTrack(text, upto, min(x.uids[0] for x in kept.lines), dropped, estimate_tokens(text))

@@ -95,3 +95,29 @@ def test_what_tools_printed_fills_the_room_the_rest_leaves_newest_first():
     tight = fact_track(events, 5, 5, set(), 120)
     assert tight is not None and "grep -rn pool_size config" in tight.text and "what tools returned:" not in tight.text
     assert not [x for x in lines_of(events) if x.group == "outputs"]  # a segment's fact list leaves them out
+
+
+def test_printed_lines_leave_out_errors_and_recalls_and_the_newest_win_the_room():
+    from mfs_nb.workset import lines_of
+
+    def call(uid: int, cid: str, name: str = "Bash") -> Event:
+        return Event(uid, "s", uid, "assistant", "", tool_calls=({"id": cid, "type": "function", "function": {
+            "name": name, "arguments": json.dumps({"command": f"make report{uid}"})}},))
+
+    events: list[Event] = []
+    for i in range(10):
+        uid = 2 * i + 1
+        events += [call(uid, f"c{i}"), Event(uid + 1, "s", uid + 1, "tool", f"wrote out/report{i}.csv with {100 + i} rows",
+                                             tool_call_id=f"c{i}", name="Bash")]
+    events += [call(21, "c10"), Event(22, "s", 22, "tool", 'File "app/main.py", line 3\nValueError: bad row 7',
+                                      tool_call_id="c10", name="Bash"),
+               call(23, "c11", "recall_history"), Event(24, "s", 24, "tool", "[#2] wrote out/report0.csv with 100 rows",
+                                                        tool_call_id="c11", name="recall_history")]
+    printed = [x for x in lines_of(events, outputs=10_000) if x.group == "outputs"]
+    assert {x.uids for x in printed} == {(2 * i + 2,) for i in range(10)}  # the recall's copy adds no uid
+    assert not any("ValueError" in x.text or "main.py" in x.text for x in printed)  # the errors group has them
+    full = fact_track(events, 24, 24, set(), 10_000)
+    assert full is not None and full.dropped is None and "out/report0.csv" in full.text
+    some = fact_track(events, 24, 24, set(), full.tokens - 40)  # a few printed lines too many
+    assert some is not None and "what tools returned:" in some.text and "make report1" in some.text
+    assert "out/report9.csv" in some.text and "out/report0.csv" not in some.text  # the newest first

@@ -316,5 +316,5 @@ def track_room(p: budget.Plan, layers: Sequence[Any], raw: Sequence[Event]) -> d
     verbatim = held.get("verbatim", 0) + sum(e.tokens + ENTRY for e in raw if e.role == "user") + ENTRY
     if verbatim > p.verbatim:  # the user track gives up its oldest messages, whose lines join the fact track
         return {"facts": p.facts, "verbatim": p.verbatim}
-    lines = sum(estimate_tokens(x.render()) + 2 for x in lines_of(raw))
+    lines = sum(estimate_tokens(x.render()) + 2 for x in lines_of(raw, outputs=p.facts))
     return {"facts": min(p.facts, held.get("facts", 0) + lines + ENTRY), "verbatim": verbatim}
