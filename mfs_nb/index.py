@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 # search keeps the other cores, and before each text it waits while a turn or a search runs; vectors are
 # written every WRITE_ROWS rows, so the store sees a few writes a minute instead of one per text. A write
 # cannot be stopped once begun, and a turn that starts during one shares the machine with it (at 32 rows
-# written whenever they were ready, one turn in ten overlapped a write; `mfs-nb bench recall_speed`): so
+# written whenever they were ready, one turn in ten overlapped a write in a profile of `recall_speed`'s turns): so
 # while turns keep coming, rows wait (up to HOLD_ROWS) for the moment right after a turn or a search
 # ends (SHADOW_S), the furthest from the next one, and each commit of a write waits while a turn runs.
 BATCH = 1

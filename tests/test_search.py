@@ -1140,19 +1140,17 @@ def test_a_fold_of_the_index_offers_a_pause_before_each_table(store_dir, monkeyp
     assert len(calls) == tables >= 2
 
 
-@pytest.mark.parametrize("shadow_s, first_write", [(0.1, 8), (30.0, 2)])
-def test_while_turns_keep_coming_the_indexer_writes_right_after_one_ends(store_dir, monkeypatch, shadow_s, first_write):
-    """Rows embedded in the background wait (up to HOLD_ROWS) for the moment right after a turn
-    ended, the furthest from the next one: a write cannot be stopped once begun."""
+def _held_rows(store_dir: str, monkeypatch: pytest.MonkeyPatch, shadow_s: float) -> tuple[Session, list[int]]:
+    """A session of 12 events not indexed yet, `_Embedder` as its model, rows written 2 at a time and
+    held up to 8 outside `shadow_s` after a turn; and the sizes of the background thread's vector writes."""
     import threading
-    import time
 
     from mfs_nb import index
 
     monkeypatch.setattr(index, "WRITE_ROWS", 2)
     monkeypatch.setattr(index, "HOLD_ROWS", 8)
-    monkeypatch.setattr(index, "SHADOW_S", shadow_s)  # 30 s: every moment of the test is "right after"
-    monkeypatch.setattr(index, "IDLE_CORES_S", 60.0)  # no moment of the test is "a person has left"
+    monkeypatch.setattr(index, "SHADOW_S", shadow_s)
+    monkeypatch.setattr(index, "IDLE_CORES_S", 60.0)  # no moment of a test is "a person has left"
     monkeypatch.setattr(index, "last_search", lambda: 0.0)  # another test's search is not this session's
     s = _fts_session(store_dir)
     emb = _Embedder()
@@ -1169,6 +1167,16 @@ def test_while_turns_keep_coming_the_indexer_writes_right_after_one_ends(store_d
         return real(model_id, rows)
 
     monkeypatch.setattr(s.store, "index_vectors", spy)
+    return s, writes
+
+
+@pytest.mark.parametrize("shadow_s, first_write", [(0.1, 8), (30.0, 2)])
+def test_while_turns_keep_coming_the_indexer_writes_right_after_one_ends(store_dir, monkeypatch, shadow_s, first_write):
+    """Rows embedded in the background wait (up to HOLD_ROWS) for the moment right after a turn
+    ended, the furthest from the next one: a write cannot be stopped once begun."""
+    import time
+
+    s, writes = _held_rows(store_dir, monkeypatch, shadow_s)  # 30 s: every moment of the test is "right after"
     s._turn_ended_at = time.monotonic() - 0.5  # half a second ago: between two turns
     s.indexer.enabled = True
     s.indexer.kick()
@@ -1180,37 +1188,19 @@ def test_an_indexer_that_waited_for_a_turn_writes_as_it_goes_on(store_dir, monke
     """The background thread goes on a moment after the turn it waited for ended (IDLE_GRACE_S):
     that moment is still "right after a turn", and the rows it holds are written then. Its folds
     wait for a running turn between tables too."""
-    import threading
     import time
 
     from mfs_nb import index
 
-    monkeypatch.setattr(index, "WRITE_ROWS", 2)
-    monkeypatch.setattr(index, "HOLD_ROWS", 8)
-    monkeypatch.setattr(index, "SHADOW_S", 1.0)
-    monkeypatch.setattr(index, "IDLE_CORES_S", 60.0)
     monkeypatch.setattr(index, "OPTIMIZE_EVERY", 1)
-    monkeypatch.setattr(index, "last_search", lambda: 0.0)
-    s = _fts_session(store_dir)
-    emb = _Embedder()
-    monkeypatch.setattr(s.indexer, "model", lambda: emb)
-    s.indexer.enabled = False
-    for i in range(12):
-        s.record("assistant", f"note {i} on topic{i}")
-    writes: list[int] = []
+    s, writes = _held_rows(store_dir, monkeypatch, 1.0)
     folds: list[Any] = []
-    real_vectors, real_fold = s.store.index_vectors, s.store.optimize_recall
-
-    def vectors(model_id, rows):
-        if threading.current_thread() is s.indexer._thread:
-            writes.append(len(rows))
-        return real_vectors(model_id, rows)
+    real_fold = s.store.optimize_recall
 
     def fold(model_id, **kwargs):
         folds.append(kwargs.get("between"))
         return real_fold(model_id, **kwargs)
 
-    monkeypatch.setattr(s.store, "index_vectors", vectors)
     monkeypatch.setattr(s.store, "optimize_recall", fold)
     s._turn_ended_at = time.monotonic() - 5  # the turn before ended long ago (and not 60 s ago)
     with s._lock:  # a turn runs: the indexer starts and waits for it
