@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -295,6 +295,17 @@ class Track:
     kept: tuple[int, ...]
     dropped: tuple[int, int] | None
     tokens: int
+    whole: tuple[int, ...] = ()  # kept messages whose whole text the track shows word for word (`shows_whole`)
+
+
+def shows_whole(track: Track, entries: Sequence[tuple[int, str]], texts: dict[int, str]) -> Track:
+    """`track` with `whole` set: the kept messages (uid -> text in `texts`) whose whole text, whitespace
+    aside, stands in their entry — own words, not a quote or a document left as a pointer. A search for
+    the model leaves them out of its page, as it leaves out the raw tail (`SendView.shown_uids`)."""
+    lines = dict(entries)
+    whole = tuple(u for u in track.kept
+                  if (t := " ".join(texts.get(u, "").split())) and t in " ".join(lines.get(u, "").split()))
+    return replace(track, whole=whole)
 
 
 def build_track(entries: Sequence[tuple[int, str]], upto: int, budget: int,

@@ -331,6 +331,8 @@ class VerbatimTrack:
             entries = [(e.uid, origin.render_entry(e.uid, self.verdicts[e.uid], language)) for e in users
                        if e.uid in self.verdicts]
             track = origin.build_track(entries, upto, budget, estimate_tokens, language)
+            if track is not None:
+                track = origin.shows_whole(track, entries, {e.uid: e.content for e in users})
         self._built = (key, track)
         return track
 

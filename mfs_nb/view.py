@@ -52,6 +52,7 @@ class SendView:
     structure: str = ""
     clearing: ClearingStats = field(default_factory=ClearingStats)
     counts: list[int] | None = None  # token counts per message, filled once by whoever needs them
+    whole: tuple[int, ...] = ()  # events a layer other than the raw tail shows word for word (the tracks)
 
     @property
     def tokens(self) -> int:
@@ -62,9 +63,10 @@ class SendView:
 
     def shown_uids(self) -> set[int]:
         """The events the payload shows whole, word for word (the raw tail, less what clearing trimmed,
-        cleared or pruned): a search for the model leaves them out of its page (`recall_search`)."""
+        cleared or pruned; the messages the verbatim and fact tracks show whole): a search for the model
+        leaves them out of its page (`recall_search`)."""
         forms = self.forms or ["full"] * len(self.uids)
-        return {u for u, f in zip(self.uids, forms) if u is not None and f == "full"}
+        return {u for u, f in zip(self.uids, forms) if u is not None and f == "full"} | set(self.whole)
 
 
 def pair_tool_messages(events: Sequence[Event]) -> list[tuple[dict[str, Any], int | None]]:
@@ -145,7 +147,7 @@ def drop_oldest_rounds(view: SendView, counts: Sequence[int], turn_starts: set[i
     forms = (view.forms or ["full"] * len(view.uids))
     forms = forms[:first_raw] + ["ptl-note"] + forms[end:]
     layers = [view.layers[0], Layer("dropped", dropped[0], dropped[-1], message_tokens(note), messages=1)]
-    return SendView(messages, layers, uids, forms, view.structure + ":ptl", view.clearing)
+    return SendView(messages, layers, uids, forms, view.structure + ":ptl", view.clearing, whole=view.whole)
 
 
 class RawCache:
@@ -255,7 +257,8 @@ def project(
         layers.append(Layer("raw", raw[0].uid, raw[-1].uid, tokens, messages=len(items)))
     structure = (f"{clearing.key}:kn:{forms[1] if knowledge else ''}:seg:{segments[-1].id if segments else 0}:ev:{len(evicted)}"
                  f":vt:{track.upto if track is not None else 0}:ft:{fact_track.upto if fact_track is not None else 0}")
-    return SendView(messages, layers, uids, forms, structure, stats)
+    return SendView(messages, layers, uids, forms, structure, stats,
+                    whole=tuple(getattr(track, "whole", ())) + tuple(getattr(fact_track, "whole", ())))
 
 
 def evicted_note(ranges: Sequence[tuple[int, int]], language: str = "") -> str:

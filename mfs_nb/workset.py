@@ -483,6 +483,7 @@ class FactTrack:
     first_uid: int | None
     dropped: tuple[int, int] | None
     tokens: int
+    whole: tuple[int, ...] = ()  # messages one of its lines shows whole, word for word (`SendView.shown_uids`)
 
 
 def caption(upto: int, language: str = "") -> str:
@@ -509,4 +510,17 @@ def fact_track(events: Sequence[Event], text_upto: int, tool_upto: int, skip_uid
         return None
     text = redact(head + "\n" + kept.render())  # a key a tool printed stays out, as in the cell log
     dropped = (min(x.uids[0] for x in kept.dropped), max(x.newest for x in kept.dropped)) if kept.dropped else None
-    return FactTrack(text, upto, min(x.uids[0] for x in kept.lines), dropped, estimate_tokens(text))
+    return FactTrack(text, upto, min(x.uids[0] for x in kept.lines), dropped, estimate_tokens(text),
+                     _whole(kept.lines, {e.uid: e for e in scope}))
+
+
+def _whole(lines: Sequence[Line], events: dict[int, Event]) -> tuple[int, ...]:
+    """The messages a line of one message shows whole (a short thing said, whitespace aside; what a key
+    was redacted from is not whole): a search for the model leaves them out of its page."""
+    out = []
+    for x in lines:
+        e = events.get(x.uids[0]) if len(x.uids) == 1 else None
+        if e is not None and e.role in ("user", "assistant") and (t := " ".join(e.content.split())) \
+                and t in " ".join(redact(x.text).split()):
+            out.append(e.uid)
+    return tuple(sorted(out))

@@ -33,6 +33,16 @@ def test_higher_kinds_first_then_the_newest_and_the_rest_named():
     assert fact_track(events, 40, 40, set(), 0) is None
 
 
+def test_the_messages_a_line_shows_whole_are_named_and_a_cut_one_is_not():
+    """Issue 44: a search for the model leaves out what its payload shows word for word; a line of
+    the fact track that holds a whole message counts, one cut to its line length does not."""
+    events = _events(6)
+    events[2] = Event(3, "s", 2, "user", "The timeout is 30 s. " + "More words here to pad the message. " * 8)
+    track = fact_track(events, 6, 6, set(), 10_000)
+    assert track is not None and "- user: The timeout is 30 s. [#3]" in track.text  # one sentence of it
+    assert track.whole == (1, 2, 4, 5, 6)
+
+
 def test_lines_shown_elsewhere_are_not_repeated():
     events = _events(6)
     shown = "- assistant: message 2: the limit is 1002 rows in data/t2.csv [#2]\nassistant: message 4: the limit is 1004 rows in data/t4.csv …"

@@ -197,6 +197,10 @@ def test_track_keeps_own_words_points_at_quotes_and_changes_only_at_compaction(s
     for e in s.events:
         if e.role == "user" and e.uid <= covered and e.uid != quote_uid:
             assert f"[#{e.uid}] {e.content}" in text  # verbatim, never summarized
+    # the page of recall_search leaves out what the payload shows word for word: own words, not the quote
+    own = {e.uid for e in s.events if e.role == "user" and e.uid <= covered and e.uid != quote_uid}
+    shown = s.send_view().shown_uids()
+    assert own <= shown and quote_uid not in shown
     s.record("user", "one more ordinary turn", new_turn=True)
     s.record("assistant", "fine")
     assert _track_text(s) == text  # ordinary turns never rewrite the track
