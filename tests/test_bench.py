@@ -313,10 +313,13 @@ def test_within_one_step_counts_the_payload_or_the_first_page_against_truncation
     assert early["bm25"]  # "town-2" and "room" are words of the evidence turn
     # the BM25 top 10 among what truncation does not show: the early turn still, the late one (shown) not
     assert early["bm25_unseen"] and late["bm25"] and not late["bm25_unseen"]
-    # the search is told what the final payload shows word for word (the raw tail, by the engine's account)
+    # the search is told what the final payload shows word for word, by the engine's account: the raw tail
+    # (the newest messages, up to the one the last call answers) and the user messages the verbatim track shows
     shown = shown_seen[0]
     assert all(x == shown for x in shown_seen) and 598 in shown and 599 not in shown and 4 not in shown
-    assert shown == set(range(min(shown), 599))  # the newest messages, up to the one the last call answers
+    start = min(k for k in range(599) if set(range(k, 599)) <= shown)
+    tracked = shown - set(range(start, 599))
+    assert tracked and all(k < start and msgs[k]["role"] == "user" for k in tracked)
     r = onestep.rates(rows)
     assert r["questions"] == 2 and r["mfs_nb"] == 1.0 and r["truncate"] == 0.5
     assert r["mfs_nb_keywords"] == 0.5 + 0.5 * early["payload"] and r["truncate_bm25"] == 1.0
