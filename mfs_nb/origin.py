@@ -300,8 +300,9 @@ class Track:
 
 def shows_whole(track: Track, entries: Sequence[tuple[int, str]], texts: dict[int, str]) -> Track:
     """`track` with `whole` set: the kept messages (uid -> text in `texts`) whose whole text, whitespace
-    aside, stands in their entry — own words, not a quote or a document left as a pointer. A search for
-    the model leaves them out of its page, as it leaves out the raw tail (`SendView.shown_uids`)."""
+    aside, stands in their entry — own words, or a quote short enough to stand whole in its pointer line; not
+    a longer quote or a document. A search for the model leaves them out of its page, as it leaves out the
+    raw tail (`SendView.shown_uids`)."""
     lines = dict(entries)
     whole = tuple(u for u in track.kept
                   if (t := " ".join(texts.get(u, "").split())) and t in " ".join(lines.get(u, "").split()))

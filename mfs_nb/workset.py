@@ -515,12 +515,13 @@ def fact_track(events: Sequence[Event], text_upto: int, tool_upto: int, skip_uid
 
 
 def _whole(lines: Sequence[Line], events: dict[int, Event]) -> tuple[int, ...]:
-    """The messages a line of one message shows whole (a short thing said, whitespace aside; what a key
-    was redacted from is not whole): a search for the model leaves them out of its page."""
+    """The messages a "said" line of one message shows whole (whitespace aside; what a key was redacted
+    from is not whole; a message with tool calls never is, since its arguments are not in the line): a
+    search for the model leaves them out of its page."""
     out = []
     for x in lines:
-        e = events.get(x.uids[0]) if len(x.uids) == 1 else None
-        if e is not None and e.role in ("user", "assistant") and (t := " ".join(e.content.split())) \
+        e = events.get(x.uids[0]) if x.group == "said" and len(x.uids) == 1 else None
+        if e is not None and not e.tool_calls and (t := " ".join(e.content.split())) \
                 and t in " ".join(redact(x.text).split()):
             out.append(e.uid)
     return tuple(sorted(out))

@@ -41,6 +41,19 @@ def test_the_messages_a_line_shows_whole_are_named_and_a_cut_one_is_not():
     track = fact_track(events, 6, 6, set(), 10_000)
     assert track is not None and "- user: The timeout is 30 s. [#3]" in track.text  # one sentence of it
     assert track.whole == (1, 2, 4, 5, 6)
+    # a message with a tool call is never whole: the line shows its text, not the call's arguments; nor
+    # does a short text count inside the line of its own command
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "write_file", "arguments": json.dumps({"path": "conf/app.yaml", "content": "port: 8443"})}}
+    run = {"id": "c2", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": "psql -c 'select 1'"})}}
+    tools = [Event(1, "s", 1, "user", "set up the config in conf/app.yaml please"),
+             Event(2, "s", 1, "assistant", "Writing conf/app.yaml now.", tool_calls=(call,)),
+             Event(3, "s", 1, "tool", "ok", tool_call_id="c1"),
+             Event(4, "s", 2, "assistant", "psql", tool_calls=(run,)),
+             Event(5, "s", 2, "tool", "1", tool_call_id="c2")]
+    track = fact_track(tools, 5, 5, set(), 10_000)
+    assert track is not None and "Writing conf/app.yaml now. [#2]" in track.text and "psql -c" in track.text
+    assert track.whole == (1,)
 
 
 def test_lines_shown_elsewhere_are_not_repeated():
