@@ -89,6 +89,13 @@ def cut(line: str) -> str:
     return line if len(line) <= LINE_CHARS else line[:HEAD] + "…" + line[-TAIL:]
 
 
+def stands_whole(text: str, line: str) -> bool:
+    """Whether the whole of a non-empty `text` stands in `line` word for word, whitespace aside (a message
+    a layer shows whole: `SendView.shown_uids`)."""
+    flat = " ".join(text.split())
+    return bool(flat) and flat in " ".join(line.split())
+
+
 def _units(text: str) -> Iterable[str]:
     for line in text.splitlines():
         line = line.strip()

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from . import lang
+from .facts import stands_whole
 from .tokens import newest_within
 
 OWN, QUOTE, QUOTE_NOTE, DOCUMENT = "own", "quote", "quote+note", "document"
@@ -304,9 +305,7 @@ def shows_whole(track: Track, entries: Sequence[tuple[int, str]], texts: dict[in
     a longer quote or a document. A search for the model leaves them out of its page, as it leaves out the
     raw tail (`SendView.shown_uids`)."""
     lines = dict(entries)
-    whole = tuple(u for u in track.kept
-                  if (t := " ".join(texts.get(u, "").split())) and t in " ".join(lines.get(u, "").split()))
-    return replace(track, whole=whole)
+    return replace(track, whole=tuple(u for u in track.kept if stands_whole(texts.get(u, ""), lines.get(u, ""))))
 
 
 def build_track(entries: Sequence[tuple[int, str]], upto: int, budget: int,

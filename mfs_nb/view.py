@@ -258,7 +258,7 @@ def project(
     structure = (f"{clearing.key}:kn:{forms[1] if knowledge else ''}:seg:{segments[-1].id if segments else 0}:ev:{len(evicted)}"
                  f":vt:{track.upto if track is not None else 0}:ft:{fact_track.upto if fact_track is not None else 0}")
     return SendView(messages, layers, uids, forms, structure, stats,
-                    whole=tuple(getattr(track, "whole", ())) + tuple(getattr(fact_track, "whole", ())))
+                    whole=(track.whole if track is not None else ()) + (fact_track.whole if fact_track is not None else ()))
 
 
 def evicted_note(ranges: Sequence[tuple[int, int]], language: str = "") -> str:

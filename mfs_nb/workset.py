@@ -40,7 +40,7 @@ from . import lang
 from .cells import NAME as CELLS
 from .cells import failed_lines
 from .events import Event
-from .facts import COMMAND, ERROR, LINE_CHARS, PATH, cut, extract
+from .facts import COMMAND, ERROR, LINE_CHARS, PATH, cut, extract, stands_whole
 from .redaction import redact
 from .tokens import estimate_tokens
 
@@ -521,7 +521,6 @@ def _whole(lines: Sequence[Line], events: dict[int, Event]) -> tuple[int, ...]:
     out = []
     for x in lines:
         e = events.get(x.uids[0]) if x.group == "said" and len(x.uids) == 1 else None
-        if e is not None and not e.tool_calls and (t := " ".join(e.content.split())) \
-                and t in " ".join(redact(x.text).split()):
+        if e is not None and not e.tool_calls and stands_whole(e.content, redact(x.text)):
             out.append(e.uid)
     return tuple(sorted(out))
