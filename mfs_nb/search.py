@@ -30,6 +30,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import numpy as np
+
 from .errors import InputError
 
 CHUNK_CHARS = 600  # what the embedder reads of one text (embed.MAX_CHARS)
@@ -63,6 +65,7 @@ SNIPPET_CHARS = 240
 
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff]+")
 _WORD = re.compile(r"[A-Za-z][A-Za-z0-9_'-]{2,}")
+_WORDS = re.compile(r"\w+")
 # Words that say nothing about a topic (English function words and chat filler).
 _STOPWORDS = """
 about above after again also although always among another anyone anything around because been before
@@ -212,10 +215,31 @@ def fuse(ranked: Sequence[Sequence[str]], k: int = RRF_K, weights: Sequence[floa
 
 
 def _window_terms(text: str) -> list[str]:
-    """The terms a window is scored by: lower-cased words less `STOP`, and CJK character pairs."""
+    """The terms a window is scored by: lower-cased words less `STOP`, and CJK character pairs. A
+    search reads about a thousand events' texts this way (50 windows of 20), most with no CJK."""
+    if not _CJK.search(text):
+        return [w for w in _WORDS.findall(text.lower()) if w not in STOP]
     cjk = cjk_text(text).replace(" ", "")
     return ([w for w in re.findall(r"\w+", latin_text(text).lower()) if w not in STOP]
             + [cjk[i:i + 2] for i in range(len(cjk) - 1)])
+
+
+def latent_scores(rows: Sequence[dict[str, Any]], query: tuple[Sequence[int], Sequence[float]]) -> np.ndarray:
+    """Each row's dot product of its latent terms with the query's (`terms` and `weights`, numpy
+    arrays: `Store.latent_rows`), a term the query lacks weighing nothing; summed in each row's
+    order, as a loop over the row would."""
+    q = dict(zip(*query))  # a term named twice: its last weight
+    if not rows or not q:
+        return np.zeros(len(rows))
+    keys = np.fromiter(q, np.int64, len(q))
+    order = np.argsort(keys)
+    keys, values = keys[order], np.fromiter(q.values(), np.float64, len(q))[order]
+    terms = np.concatenate([r["terms"] for r in rows])
+    weights = np.concatenate([r["weights"] for r in rows])
+    at = np.searchsorted(keys, terms).clip(max=len(keys) - 1)
+    products = np.where(keys[at] == terms, values[at], 0.0) * weights
+    owner = np.repeat(np.arange(len(rows)), [len(r["terms"]) for r in rows])
+    return np.bincount(owner, weights=products, minlength=len(rows))
 
 
 def window_scores(texts: dict[int, str], query: str, windows: int) -> tuple[dict[int, float], dict[int, float]]:
@@ -228,20 +252,32 @@ def window_scores(texts: dict[int, str], query: str, windows: int) -> tuple[dict
     if not terms or not texts:
         return {}, {}
     parts = {u: [_window_terms(x) for x in t.split(WINDOW_SEP)] for u, t in texts.items()}
-    docs = {u: [w for p in ps for w in p] for u, ps in parts.items()}
-    n = max(windows, len(docs))
-    df = Counter(w for d in docs.values() for w in set(d) & terms)
+    counts = {u: [Counter(p) for p in ps] for u, ps in parts.items()}  # counted at C speed, read per query term
+    n = max(windows, len(parts))
+    df = Counter(w for cs in counts.values() for w in {t for c in cs for t in terms if t in c})
     idf = {w: math.log(1 + (n - df[w] + 0.5) / (df[w] + 0.5)) for w in df}
 
-    def bm25(words: list[str], avg: float) -> float:
-        tf, norm = Counter(w for w in words if w in idf), 1.2 * (0.25 + 0.75 * len(words) / (avg or 1.0))
+    def matches(words: list[str], c: Counter[str]) -> dict[str, int]:
+        """The query's terms in `words` with their counts, in the order they first appear there."""
+        return {w: c[w] for _, w in sorted((words.index(w), w) for w in idf if w in c)}
+
+    def bm25(tf: dict[str, int], length: int, avg: float) -> float:
+        norm = 1.2 * (0.25 + 0.75 * length / (avg or 1.0))
         return sum(idf[w] * f * 2.2 / (f + norm) for w, f in tf.items())
 
-    avg_window = sum(map(len, docs.values())) / len(docs)
+    found = {u: [matches(p, c) for p, c in zip(parts[u], cs)] for u, cs in counts.items()}
+    lengths = {u: sum(map(len, ps)) for u, ps in parts.items()}
+    avg_window = sum(lengths.values()) / len(parts)
     events = [p for ps in parts.values() for p in ps]
     avg_event = sum(map(len, events)) / max(len(events), 1)
-    own = {u + i: bm25(p, avg_event) for u, ps in parts.items() for i, p in enumerate(ps)}
-    return {u: bm25(d, avg_window) for u, d in docs.items()}, own
+    own = {u + i: bm25(tf, len(p), avg_event) for u, ps in parts.items() for i, (p, tf) in enumerate(zip(ps, found[u]))}
+    windows_tf: dict[int, dict[str, int]] = {}
+    for u, tfs in found.items():  # a window's counts, its terms in the order they first appear in it
+        tf = windows_tf[u] = {}
+        for part in tfs:
+            for w, f in part.items():
+                tf[w] = tf.get(w, 0) + f
+    return {u: bm25(windows_tf[u], lengths[u], avg_window) for u in parts}, own
 
 
 def window_ranking(windows: dict[int, float], own: dict[int, float], n: int | None = None) -> list[int]:

@@ -226,8 +226,7 @@ class Searcher:
         have = {(r["kind"], int(r["uid"])) for r in rows}
         if not rows or any(item not in have for item in found if item[0] != "event" or item[1] <= indexed):
             return None
-        q = dict(zip(*terms))
-        scored = [(r, sum(q.get(t, 0.0) * w for t, w in zip(r["terms"], r["weights"]))) for r in rows]
+        scored = list(zip(rows, S.latent_scores(rows, terms).tolist()))
         return self._ranking(scored, info, roles, uid_from, uid_to, 0.0, depth)
 
     def _window_ranking(self, query: str, roles: list[str], uid_from: int | None, uid_to: int | None

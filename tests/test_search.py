@@ -64,6 +64,49 @@ def test_window_scores_weigh_terms_within_the_session_and_score_each_event():
     assert ranked[:3] == [3, 1, 2] and ranked[3:] == [21, 22, 23]  # best window first, its best event first
 
 
+def test_window_scores_match_bm25_over_the_joined_words_in_their_order():
+    """The counts per event and per window (read per query term) give the scores a plain BM25 over
+    each text's words gives, to the last bit: a term's order in the text decides the order it is summed."""
+    import math
+    from collections import Counter
+
+    sep = S.WINDOW_SEP
+    texts = {1: sep.join(["shelter race race, Mel", "", "我们的 race 比赛 shelter", "Mel: paint"]),
+             21: sep.join(["race", "Mel shelter Mel shelter 比赛", "nothing here"])}
+    query = "Mel race shelter 比赛"
+    windows, own = S.window_scores(texts, query, 5)
+    terms = set(S._window_terms(query))
+    parts = {u: [S._window_terms(x) for x in t.split(sep)] for u, t in texts.items()}
+    docs = {u: [w for p in ps for w in p] for u, ps in parts.items()}
+    df = Counter(w for d in docs.values() for w in set(d) & terms)
+    idf = {w: math.log(1 + (5 - df[w] + 0.5) / (df[w] + 0.5)) for w in df}
+
+    def bm25(words: list[str], avg: float) -> float:
+        tf, norm = Counter(w for w in words if w in idf), 1.2 * (0.25 + 0.75 * len(words) / avg)
+        return sum(idf[w] * f * 2.2 / (f + norm) for w, f in tf.items())
+
+    events = [p for ps in parts.values() for p in ps]
+    assert windows == {u: bm25(d, sum(map(len, docs.values())) / 2) for u, d in docs.items()}
+    assert own == {u + i: bm25(p, sum(map(len, events)) / len(events)) for u, ps in parts.items()
+                   for i, p in enumerate(ps)}
+    assert own[3] > 0 and own[2] == 0.0  # the Chinese event's pairs count; an empty one scores nothing
+
+
+def test_window_terms_of_latin_text_are_its_words_less_stop_words():
+    assert S._window_terms("The Race, the shelter's RUN-up!") == ["race", "shelter", "s", "run", "up"]
+    assert S._window_terms("跑步 race") == ["race", "跑步"]  # CJK runs give their character pairs
+
+
+def test_latent_scores_are_the_dot_product_with_the_query_terms():
+    rows = [{"terms": np.array([3, 9, 4]), "weights": np.array([0.5, 2.0, -1.0])},
+            {"terms": np.array([], dtype=np.int64), "weights": np.array([])},
+            {"terms": np.array([7]), "weights": np.array([1.0])}]
+    scores = S.latent_scores(rows, ([4, 3, 3, 100], [2.0, 9.0, 1.0, 5.0]))  # 3 named twice: its last weight
+    assert scores.tolist() == [0.5 * 1.0 + 2.0 * 0.0 + -1.0 * 2.0, 0.0, 0.0]
+    assert S.latent_scores(rows, ([], [])).tolist() == [0.0, 0.0, 0.0]
+    assert S.latent_scores([], ([1], [1.0])).tolist() == []
+
+
 def test_window_rows_keep_the_grid_through_gaps_and_wait_for_unread_events():
     from mfs_nb.events import Event
     from mfs_nb.index import window_rows

@@ -510,7 +510,7 @@ def test_vectors_are_stored_as_float16_and_an_older_float32_table_keeps_working(
     weights = s.latent_rows("new/4d", "session = 's'", [1])[0]["weights"]
     assert weights[0] == pytest.approx(1.25) and weights[1] == pytest.approx(0.5, abs=1.25 / 254)  # half a step
     s.index_latent("new/4d", [{**fields, "key": "nan", "uid": 4, "terms": [1, 2, 3], "weights": [0.0, float("nan"), -2.0]}])
-    assert s.latent_rows("new/4d", "session = 's'", [4])[0]["weights"] == [0.0, 0.0, -2.0]  # NaN weighs nothing
+    assert s.latent_rows("new/4d", "session = 's'", [4])[0]["weights"].tolist() == [0.0, 0.0, -2.0]  # NaN weighs nothing
 
     # an older store's latent table: float16 weights, no scale
     old_latent = pa.schema([(f.name, pa.list_(pa.float16()) if f.name == "weights" else f.type)
@@ -518,7 +518,7 @@ def test_vectors_are_stored_as_float16_and_an_older_float32_table_keeps_working(
     s._table(st.recall_latent_name("old/4d"), old_latent)
     s.index_latent("old/4d", [{**fields, "key": "k1", "uid": 1, "terms": [7, 9], "weights": [1.25, 0.5]}])
     assert "scale" not in db.open_table(st.recall_latent_name("old/4d")).schema.names
-    assert s.latent_rows("old/4d", "session = 's'", [1])[0]["weights"] == [1.25, 0.5]  # exact in float16
+    assert s.latent_rows("old/4d", "session = 's'", [1])[0]["weights"].tolist() == [1.25, 0.5]  # exact in float16
 
     # an older store: the same tables made in float32 before this change
     old = pa.schema([(f.name, pa.list_(pa.float32(), 4) if f.name == "vector" else f.type)
