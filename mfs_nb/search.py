@@ -226,8 +226,8 @@ def _window_terms(text: str) -> list[str]:
 
 def latent_scores(rows: Sequence[dict[str, Any]], query: tuple[Sequence[int], Sequence[float]]) -> np.ndarray:
     """Each row's dot product of its latent terms with the query's (`terms` and `weights`, numpy
-    arrays: `Store.latent_rows`), a term the query lacks weighing nothing; summed in each row's
-    order, as a loop over the row would."""
+    arrays: `Store.latent_rows`), a term the query lacks weighing nothing; summed left to right in
+    each row's order (the same bits as Python 3.11's `sum` over the row; from 3.12 `sum` compensates)."""
     q = dict(zip(*query))  # a term named twice: its last weight
     if not rows or not q:
         return np.zeros(len(rows))

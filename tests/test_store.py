@@ -519,6 +519,11 @@ def test_vectors_are_stored_as_float16_and_an_older_float32_table_keeps_working(
     s.index_latent("old/4d", [{**fields, "key": "k1", "uid": 1, "terms": [7, 9], "weights": [1.25, 0.5]}])
     assert "scale" not in db.open_table(st.recall_latent_name("old/4d")).schema.names
     assert s.latent_rows("old/4d", "session = 's'", [1])[0]["weights"].tolist() == [1.25, 0.5]  # exact in float16
+    s.index_latent("old/4d", [{**fields, "key": "bad", "uid": 2, "terms": [1, 2], "weights": [1.0, 2.0, 3.0]}])
+    from mfs_nb.errors import StoreError
+
+    with pytest.raises(StoreError, match="differ in length"):  # a damaged row: said, not read onto its neighbour
+        s.latent_rows("old/4d", "session = 's'", [1, 2])
 
     # an older store: the same tables made in float32 before this change
     old = pa.schema([(f.name, pa.list_(pa.float32(), 4) if f.name == "vector" else f.type)

@@ -146,7 +146,9 @@ class RecallTables(StoreCore):
                                                      "weights"] + (["scale"] if scaled else [])).limit(None).to_arrow())
         if not found.num_rows:
             return []
-        lengths = pc.list_value_length(found["terms"]).to_numpy(zero_copy_only=False)
+        lengths = pc.list_value_length(found["terms"]).fill_null(0).to_numpy(zero_copy_only=False)
+        if not np.array_equal(lengths, pc.list_value_length(found["weights"]).fill_null(0).to_numpy(zero_copy_only=False)):
+            raise StoreError(f"the latent table of {model_id} has rows whose terms and weights differ in length")
         ends = np.cumsum(lengths)
         terms = pc.list_flatten(found["terms"]).to_numpy(zero_copy_only=False).astype(np.int64)
         weights = pc.list_flatten(found["weights"]).to_numpy(zero_copy_only=False).astype(np.float64)
