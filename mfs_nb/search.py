@@ -217,11 +217,12 @@ def fuse(ranked: Sequence[Sequence[str]], k: int = RRF_K, weights: Sequence[floa
 def _window_terms(text: str) -> list[str]:
     """The terms a window is scored by: lower-cased words less `STOP`, and CJK character pairs. A
     search reads about a thousand events' texts this way (50 windows of 20), most with no CJK."""
-    if not _CJK.search(text):
-        return [w for w in _WORDS.findall(text.lower()) if w not in STOP]
+    has_cjk = _CJK.search(text) is not None
+    words = [w for w in _WORDS.findall((latin_text(text) if has_cjk else text).lower()) if w not in STOP]
+    if not has_cjk:
+        return words
     cjk = cjk_text(text).replace(" ", "")
-    return ([w for w in re.findall(r"\w+", latin_text(text).lower()) if w not in STOP]
-            + [cjk[i:i + 2] for i in range(len(cjk) - 1)])
+    return words + [cjk[i:i + 2] for i in range(len(cjk) - 1)]
 
 
 def latent_scores(rows: Sequence[dict[str, Any]], query: tuple[Sequence[int], Sequence[float]]) -> np.ndarray:
