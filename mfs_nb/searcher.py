@@ -169,6 +169,8 @@ class Searcher:
         names = list(ranked)
         fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names],
                        weights=[S.WEIGHTS[m.split("@")[0]] for m in names])
+        if len(roles) != 1:  # among one speaker's turns, a question of theirs is what they said
+            fused = S.discount_questions(fused, self._asking(fused))
         left: list[int] = []
         if shown:  # what the model has in front of it word for word takes no place on its page
             seen = {x for x, _ in fused if x.startswith("event:") and _item(x)[1] in shown}
@@ -290,6 +292,24 @@ class Searcher:
             lo, hi = max(min(inside), lo_all), min(max(inside), hi_all)
             if lo <= hi and (lo, hi) != (lo_all, hi_all) and (lo, hi) not in out:
                 out.append((lo, hi))
+        return out
+
+    def _asking(self, fused: Sequence[tuple[str, float]]) -> set[str]:
+        """The fused events whose text ends with a question (`search.asks`)."""
+        events = self.host.events()
+        by_uid: dict[int, Event] | None = None  # only where uids are not dense from 1 (`_event`)
+        out = set()
+        for key, _ in fused:
+            kind, uid = _item(key)
+            if kind != "event":
+                continue
+            if 0 < uid <= len(events) and events[uid - 1].uid == uid:
+                e: Event | None = events[uid - 1]
+            else:
+                by_uid = by_uid if by_uid is not None else {x.uid: x for x in events}
+                e = by_uid.get(uid)
+            if e is not None and S.asks(e.content or ""):
+                out.add(key)
         return out
 
     def _event(self, uid: int) -> Event | None:

