@@ -169,7 +169,9 @@ class Searcher:
         names = list(ranked)
         fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names],
                        weights=[S.WEIGHTS[m.split("@")[0]] for m in names])
-        if len(roles) != 1:  # among one speaker's turns, a question of theirs is what they said
+        # over both speakers a turn that asks gives way to the answers; among one speaker's turns, their
+        # question is what they said
+        if not roles or {"user", "assistant"} <= set(roles):
             fused = S.discount_questions(fused, self._asking(fused))
         left: list[int] = []
         if shown:  # what the model has in front of it word for word takes no place on its page

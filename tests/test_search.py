@@ -50,8 +50,12 @@ def test_smoothing_lends_a_share_to_neighbours_one_and_two_turns_away():
 
 
 def test_a_turn_that_asks_keeps_a_share_of_its_fused_score():
-    assert S.asks("What did you think of it?") and S.asks("你觉得怎么样？ ") and S.asks("Really?\n")
+    assert S.asks("What did you think of it?") and S.asks("你觉得怎么样？ ") and S.asks('He asked "is it done?"\n')
+    assert S.asks("**Shall I?**") and S.asks("Looks great! Glad it went well. What did you think of it?")
     assert not S.asks("It was rich and creamy!") and not S.asks("Is it? Yes, it is.") and not S.asks("")
+    offer = ("Store the backup keys in the vault on rack 7, next to the spare drives, and rotate them monthly "
+             "as the runbook says. Want me to write a checklist?")
+    assert not S.asks(offer)  # an answer that closes with an offer still answers (its question: < ASKING_PART)
     fused = [("event:5", 1.0), ("event:6", 0.8), ("segment:1", 0.7), ("event:7", 0.5)]
     out = S.discount_questions(fused, {"event:5"}, share=0.6)
     assert [k for k, _ in out] == ["event:6", "segment:1", "event:5", "event:7"]
@@ -62,24 +66,30 @@ def test_a_turn_that_asks_keeps_a_share_of_its_fused_score():
 
 
 def test_a_search_over_both_speakers_ranks_a_question_below_what_it_found_as_said(store_dir, monkeypatch):
-    """The turn that asks about the words searched keeps QUESTION_SHARE of its score, its answer and
-    the other turns theirs; a search of one speaker's turns (role) leaves its questions as they are."""
+    """The turn that asks about the words searched keeps QUESTION_SHARE of its score, its answer, an
+    answer that closes with an offer and the other turns theirs; a search of one speaker's turns
+    (role) leaves its questions as they are."""
     s = _fts_session(store_dir)
     turns = ["Which harbour did the night ferry leave from?", "It left from Pier Nine, an hour late.",
-             "The night ferry from the harbour was cancelled twice.", "noted", *[f"ordinary message {i}" for i in range(8)]]
+             "The night ferry from the harbour was cancelled twice.", "noted", "and the timetable?",
+             "The harbour night ferry leaves from Pier Two at nine every evening since the spring timetable "
+             "changed, and the Sunday one at eight. Want me to note the times?",
+             *[f"ordinary message {i}" for i in range(8)]]
     for i, text in enumerate(turns):
         s.record("user" if i % 2 == 0 else "assistant", text, new_turn=i % 2 == 0)
     assert s.indexer.wait(60)
     served = {h.uid: h.score for h in s.search("harbour night ferry", 10)}
     monkeypatch.setattr(S, "QUESTION_SHARE", 1.0)
     whole = {h.uid: h.score for h in s.search("harbour night ferry", 10)}
-    assert served[1] == pytest.approx(S.discount_questions([("q", whole[1])], {"q"}, share=0.6)[0][1], abs=1e-5)
-    assert all(served[u] == whole[u] for u in whole if u != 1) and 2 in served  # the answer, by smoothing
+    asking = {1, 5}  # 5 ("and the timetable?") is found by smoothing
+    assert all(served[u] == pytest.approx(0.6 * whole[u], abs=1e-5) for u in asking)
+    assert all(served[u] == whole[u] for u in whole if u not in asking) and {2, 6} <= set(served)  # 2: by smoothing
     assert list(served).index(1) > list(served).index(3)  # the statement first
-    monkeypatch.setattr(S, "QUESTION_SHARE", 0.6)
-    users = {h.uid: h.score for h in s.search("harbour night ferry", 10, role="user")}
-    monkeypatch.setattr(S, "QUESTION_SHARE", 1.0)
-    assert users == {h.uid: h.score for h in s.search("harbour night ferry", 10, role="user")}
+    for role in ("user", ("user", "tool")):  # one speaker's turns: as they are
+        monkeypatch.setattr(S, "QUESTION_SHARE", 0.6)
+        served = {h.uid: h.score for h in s.search("harbour night ferry", 10, role=role)}
+        monkeypatch.setattr(S, "QUESTION_SHARE", 1.0)
+        assert served == {h.uid: h.score for h in s.search("harbour night ferry", 10, role=role)} and 1 in served
 
 
 def test_window_scores_weigh_terms_within_the_session_and_score_each_event():
