@@ -8,7 +8,8 @@ return; the same functions serve the tool, the magic, the CLI and the benchmark.
   long tool result or an attached document becomes several rows of one uid);
 - `cjk_text` keeps the CJK runs of a text for the n-gram full-text column (the word tokenizer
   sees a Chinese sentence as one over-long token and drops it);
-- `fuse` is reciprocal-rank fusion of any number of ranked lists;
+- `fuse` is reciprocal-rank fusion of any number of ranked lists; `discount_questions` lowers the
+  turns that ask (`asks`) in it, as the answer after them is what was asked for;
 - `window_ranking` turns the scores of the coarse index (windows of `WINDOW_EVENTS` events, each one
   full-text document) into a ranking of the events inside them;
 - `snippet` is the window of a text around the query's terms;

@@ -1,8 +1,9 @@
 """Hybrid search over the recall index an `index.Indexer` writes (docs/architecture.md, "Recall").
 
 `Searcher.search` fuses the full-text and the vector rankings, a re-ranking of their candidates by
-latent terms (the embedder's sparse head) and, for a query that names a date, the same searches
-within the events written then, by reciprocal rank (search.fuse). Rows the vectors have not reached
+latent terms (the embedder's sparse head), the turns of the coarse index's windows and, for a query
+that names a date, the same searches within the events written then, by reciprocal rank
+(search.fuse); over both speakers, the turns that ask then give way (search.discount_questions). Rows the vectors have not reached
 yet are still found by full text — and the newest events not indexed at all by their words, read
 directly — and the results say so.
 """

@@ -80,9 +80,10 @@ class Memory(Intake):
                uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,
                methods: Sequence[str] = SEARCH_METHODS, shown: Collection[int] = ()) -> Results:
         """Hybrid search (full text + vectors, their candidates re-ranked by latent terms, all fused
-        by reciprocal rank) over this session's log and segments. Hits carry uid, role, turn, score
-        and a snippet; read them with `recall`. Events in `shown` are left out of the hits (the model's
-        tool passes what its payload shows word for word: `SendView.shown_uids`)."""
+        by reciprocal rank; over both speakers, a turn that asks keeps a share of its score) over this
+        session's log and segments. Hits carry uid, role, turn, score and a snippet; read them with
+        `recall`. Events in `shown` are left out of the hits (the model's tool passes what its payload
+        shows word for word: `SendView.shown_uids`)."""
         return self.indexer.search(query, k, role=role, uid_from=uid_from, uid_to=uid_to, neighbours=neighbours,
                                    methods=methods, shown=shown)
 
