@@ -238,7 +238,7 @@ def asks(text: str) -> bool:
 
 def discount_questions(fused: Sequence[tuple[str, float]], asking: Collection[str],
                        share: float | None = None) -> list[tuple[str, float]]:
-    """The fused ranking with each key in `asking` (turns that end with a question) at `share` of its
+    """The fused ranking with each key in `asking` (turns that ask: `asks`) at `share` of its
     score (default QUESTION_SHARE as it stands when called: the benchmark's ablation sets it), sorted
     again; ties keep their fused order."""
     share = QUESTION_SHARE if share is None else share

@@ -3,9 +3,9 @@
 `Searcher.search` fuses the full-text and the vector rankings, a re-ranking of their candidates by
 latent terms (the embedder's sparse head), the turns of the coarse index's windows and, for a query
 that names a date, the same searches within the events written then, by reciprocal rank
-(search.fuse); over both speakers, the turns that ask then give way (search.discount_questions). Rows the vectors have not reached
-yet are still found by full text — and the newest events not indexed at all by their words, read
-directly — and the results say so.
+(search.fuse); over both speakers, the turns that ask then give way (search.discount_questions).
+Rows the vectors have not reached yet are still found by full text — and the newest events not
+indexed at all by their words, read directly — and the results say so.
 """
 
 from __future__ import annotations
@@ -298,31 +298,23 @@ class Searcher:
         return out
 
     def _asking(self, fused: Sequence[tuple[str, float]]) -> set[str]:
-        """The fused events whose text ends with a question (`search.asks`)."""
-        events = self.host.events()
-        by_uid: dict[int, Event] | None = None  # only where uids are not dense from 1 (`_event`)
+        """The fused events that ask (`search.asks`)."""
         out = set()
         for key, _ in fused:
             kind, uid = _item(key)
-            if kind != "event":
-                continue
-            if 0 < uid <= len(events) and events[uid - 1].uid == uid:
-                e: Event | None = events[uid - 1]
-            else:
-                by_uid = by_uid if by_uid is not None else {x.uid: x for x in events}
-                e = by_uid.get(uid)
+            e = self._event(uid) if kind == "event" else None
             if e is not None and S.asks(e.content or ""):
                 out.add(key)
         return out
 
     def _event(self, uid: int) -> Event | None:
-        """The event with this uid, from the session's log in memory (uids are dense from 1)."""
+        """The event with this uid, from the session's log in memory (in uid order, usually dense from 1:
+        then read at its place, else found by bisection)."""
         events = self.host.events()
         if 0 < uid <= len(events) and events[uid - 1].uid == uid:
             return events[uid - 1]
-        if not events or uid > events[-1].uid:  # past the end (a neighbour of the newest turns): no scan
-            return None
-        return next((e for e in events if e.uid == uid), None)
+        at = bisect.bisect_left(events, uid, key=lambda e: e.uid)
+        return events[at] if at < len(events) and events[at].uid == uid else None
 
     def _ranking(self, rows: list[tuple[dict[str, Any], float]], info: dict[tuple[str, int], dict[str, Any]],
                  roles: list[str], uid_from: int | None, uid_to: int | None, floor: float | None = None,

