@@ -155,3 +155,16 @@ def test_other_calls_show_their_arguments_and_outcome_and_pair_with_their_own_re
     assert text[cancel].kind < text[lookup].kind  # an action outranks a lookup
     long = lines_of([call(1, "book", {"note": "x" * 500, "total": 405}, "c"), result(2, "c", "y" * 500)])[0]
     assert len(long.text) <= 200 and long.text.startswith("tool: book(note=") and "→ yyy" in long.text
+
+
+def test_an_attached_documents_closing_line_is_not_something_the_user_said(store_dir, tmp_path):
+    doc = tmp_path / "incident.md"
+    body = "# Incident review\nThe pool was raised to 40 on deploy/pool.yaml.\n"
+    doc.write_text(body, encoding="utf-8")
+    s = Session("ws-doc", store=store_dir, llm=FakeLLM(default="noted"))
+    s.chat("Read the review before we size the pool.", docs=[doc])
+    said = [x.text for x in lines_of(s._events) if x.group == "said"]
+    opening = [t for t in said if t.startswith("user: [attached document attachments/")]
+    assert len(opening) == 1 and opening[0].endswith(f"-incident.md ({len(body)} chars)]")  # the pointer stays
+    assert "user: The pool was raised to 40 on deploy/pool.yaml." in said
+    assert not any("[end of " in t for t in said), said
