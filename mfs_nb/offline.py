@@ -16,21 +16,11 @@ from functools import cache, lru_cache
 from typing import Any
 
 from . import lang
+from .origin import OFFLINE_NOTICE, canned
 from .tokens import estimate_tokens, exact_counter, message_tokens
 
 SUMMARY_MARKER = "<<mfs:summarize>>"
 MERGE_MARKER = "<<mfs:consolidate>>"  # consolidation: the members' guides are merged, not re-summarized
-
-_CHAT_REPLY = (
-    "**No model is configured**, so this reply comes from mfs_nb's offline default and no LLM "
-    "read your message. Your message is kept in the log and will be part of the conversation once "
-    "a model is set: `%mfs config model=openai/gpt-4o-mini` with `OPENAI_API_KEY` in the "
-    "environment, or any litellm model name via `MFS_MODEL`."
-)
-
-
-_CANNED = " ".join(_CHAT_REPLY.split())
-
 
 def offline_reply(messages: list[dict[str, Any]]) -> str:
     """The text the offline default answers with: chat notice or extractive summary."""
@@ -41,7 +31,7 @@ def offline_reply(messages: list[dict[str, Any]]) -> str:
     if messages and messages[-1].get("role") == "user" and last.lstrip().startswith(MERGE_MARKER):
         target = re.search(r"about (\d+) tokens", last)
         return extractive_merge(messages[:-1], int(target.group(1)) if target else 1000, _asked_language(last))
-    return _CHAT_REPLY
+    return OFFLINE_NOTICE
 
 
 def _asked_language(instruction: str) -> str:
@@ -78,7 +68,7 @@ def extractive_summary(messages: list[dict[str, Any]], target_tokens: int = 1000
         if m.get("role") not in ("user", "assistant"):
             continue
         text = " ".join((m.get("content") or "").split())
-        if not text or text.startswith("(continuing") or text == _CANNED:
+        if not text or text.startswith("(continuing") or canned(text):
             continue  # the offline default's own notice carries nothing worth summarizing
         best = _best_sentence(text)
         if len(best) > 160:

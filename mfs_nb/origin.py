@@ -14,6 +14,9 @@ Order of decision for one user message:
 
 Dispositions in the track: own words verbatim; a quote as a one-line pointer; a quote with the
 user's own words as full text, labelled; a document as a pointer to its snapshot.
+
+Also here, what is nobody's words: the lines around an attached document, and the offline
+default's notice standing in for a reply.
 """
 
 from __future__ import annotations
@@ -42,6 +45,33 @@ DOC_TOKENS = 1500  # the length fallback
 PASTE_CHARS = 1500  # pastes over this that look like documents become snapshots at once
 SEPARATOR = re.compile(r"^\s*(-{3,}|={3,}|_{3,})\s*$", re.M)
 _WORDISH = re.compile(r"[^\W\d_]", re.U)
+_CLOSING = re.compile(r"\[end of attachments/[^\]\n]+\]")  # snapshots.DIR
+OFFLINE_NOTICE = (
+    "**No model is configured**, so this reply comes from mfs_nb's offline default and no LLM "
+    "read your message. Your message is kept in the log and will be part of the conversation once "
+    "a model is set: `%mfs config model=openai/gpt-4o-mini` with `OPENAI_API_KEY` in the "
+    "environment, or any litellm model name via `MFS_MODEL`."
+)
+_NOTICE = " ".join(OFFLINE_NOTICE.split())
+
+
+def attachment_block(path: str, chars: int, inline: str) -> str:
+    """An attached document as it stands in the user's message: a line naming its snapshot and size,
+    its text (or the part the window allows), and a line that closes it."""
+    return f"[attached document {path} ({chars:,} chars)]\n{inline}\n[end of {path}]"
+
+
+def closes_attachment(line: str) -> bool:
+    """Whether a line is the one that closes an attached document (`attachment_block`): markup
+    that names nothing its opening line did not."""
+    return _CLOSING.fullmatch(line.strip()) is not None
+
+
+def canned(text: str) -> bool:
+    """Whether a reply is the offline default's chat notice (`offline`): mfs_nb's words, not a
+    model's, and nothing the conversation said (the summaries, the fact track and the topic words
+    leave it out)."""
+    return " ".join(text.split()) == _NOTICE
 
 
 @dataclass(frozen=True)

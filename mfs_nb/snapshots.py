@@ -28,19 +28,6 @@ from .origin import first_line
 DIR = "attachments"
 MAX_BYTES = 20 * 1024 * 1024  # a bigger file is refused with a clear error
 GRACE_S = 48 * 3600
-_END = re.compile(rf"\[end of {DIR}/[^\]\n]+\]")
-
-
-def attached(path: str, chars: int, inline: str) -> str:
-    """An attached document as it stands in the user's message: a line naming its snapshot and size,
-    its text (or the part the window allows), and a line that closes it."""
-    return f"[attached document {path} ({chars:,} chars)]\n{inline}\n[end of {path}]"
-
-
-def closes_attachment(line: str) -> bool:
-    """Whether a line is the one that closes an attached document (`attached`): markup that names
-    nothing its opening line did not."""
-    return _END.fullmatch(line.strip()) is not None
 NAME_CHARS = 64
 PATH_RE = re.compile(r"attachments/[0-9a-f]{16}-[^\s/\\)]{1,80}?\.md")
 

@@ -41,8 +41,8 @@ from .cells import NAME as CELLS
 from .cells import failed_lines
 from .events import Event
 from .facts import COMMAND, ERROR, LINE_CHARS, PATH, cut, extract, stands_whole
+from .origin import canned, closes_attachment
 from .redaction import redact
-from .snapshots import closes_attachment
 from .tokens import estimate_tokens
 
 GROUPS = ("errors", "commands", "calls", "files", "said", "outputs")  # each group's caption is `lang` key facts_<group>
@@ -364,13 +364,15 @@ def output_lines(content: str) -> tuple[tuple[str, int], ...]:
 @functools.lru_cache(maxsize=SAID_CACHE)
 def said_lines(role: str, content: str) -> tuple[tuple[str, int], ...]:
     """The text lines one user or assistant message adds to the working set, with their kinds, in
-    order: its fact lines (not the line that closes an attached document) and, for the user, its
-    decisions and constraints. A function of the text alone, so it is cached: the fact track is
-    rebuilt at every compaction from all the compacted history, and without the cache each rebuild
-    ran the fact patterns over every message again (0.3–0.6 s a rebuild by chat 3,000, inside the
-    turn that compacts)."""
+    order: its fact lines (not the line that closes an attached document, none of the offline
+    default's notice) and, for the user, its decisions and constraints. A function of the text
+    alone, so it is cached: the fact track is rebuilt at every compaction from all the compacted
+    history, and without the cache each rebuild ran the fact patterns over every message again
+    (0.3–0.6 s a rebuild by chat 3,000, inside the turn that compacts)."""
     out: list[tuple[str, int]] = []
     mine: list[str] = []
+    if role == "assistant" and canned(content):  # the offline default's notice: no model said it
+        return ()
     for fact in extract(content):
         if closes_attachment(fact.text):  # the intake's markup: its opening line names the document
             continue

@@ -9,7 +9,7 @@ from conftest import FakeLLM, tool_call
 from mfs_nb import Session
 from mfs_nb.events import Event
 from mfs_nb.facts import tool_digest
-from mfs_nb.segments import compressor_messages, fact_list
+from mfs_nb.segments import compressor_messages, fact_list, topic_keywords
 from mfs_nb.tools import Tool
 from mfs_nb.workset import budget, error_lines, exit_status, lines_of
 
@@ -168,3 +168,15 @@ def test_an_attached_documents_closing_line_is_not_something_the_user_said(store
     assert len(opening) == 1 and opening[0].endswith(f"-incident.md ({len(body)} chars)]")  # the pointer stays
     assert "user: The pool was raised to 40 on deploy/pool.yaml." in said
     assert not any("[end of " in t for t in said), said
+
+
+def test_the_offline_defaults_notice_is_not_something_the_assistant_said(store_dir):
+    s = Session("ws-offline", store=store_dir)  # no model configured: the offline default answers
+    s.chat("Keep the pool under 30; run `pytest tests/test_pool.py` after each change.")
+    reply = s._events[-1]
+    assert reply.role == "assistant" and "No model is configured" in reply.content
+    said = [x.text for x in lines_of(s._events) if x.group == "said"]
+    assert "user: Keep the pool under 30; run `pytest tests/test_pool.py` after each change." in said
+    assert not any(t.startswith("assistant:") for t in said), said
+    topics = topic_keywords(s._events).split(", ")  # a segment's header names what the user talked about
+    assert "pool" in topics and not {"model", "configured", "message", "config"} & set(topics), topics

@@ -15,6 +15,7 @@ from ..origin import (
     QUOTE_NOTE,
     RECENT,
     Verdict,
+    attachment_block,
     best_overlap,
     first_line,
     looks_like_document,
@@ -66,7 +67,7 @@ class Intake(CallPlanner):
                     notices.append(f"{name} is larger than the window allows; the model sees its first "
                                    f"{len(inline):,} chars, the snapshot keeps all {len(body):,}")
                 budget -= estimate_tokens(inline)
-                blocks.append(snapshots.attached(snap.path, snap.chars, inline))
+                blocks.append(attachment_block(snap.path, snap.chars, inline))
             content = "\n\n".join(([text] if text.strip() else []) + blocks)
             return content, Verdict(DOCUMENT, "explicit", text, None, 0.0, len(content), first_line(text or blocks[0]),
                                     tuple(snaps))
