@@ -15,8 +15,9 @@ Order of decision for one user message:
 Dispositions in the track: own words verbatim; a quote as a one-line pointer; a quote with the
 user's own words as full text, labelled; a document as a pointer to its snapshot.
 
-Also here, what is nobody's words: the lines around an attached document, and the offline
-default's notice standing in for a reply.
+Also here, what is nobody's words: the lines the intake writes around an attached document (the
+opening one is its pointer, kept where a pointer helps), and the offline default's notice standing
+in for a reply.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ PASTE_CHARS = 1500  # pastes over this that look like documents become snapshots
 SEPARATOR = re.compile(r"^\s*(-{3,}|={3,}|_{3,})\s*$", re.M)
 _WORDISH = re.compile(r"[^\W\d_]", re.U)
 _CLOSING = re.compile(r"\[end of attachments/[^\]\n]+\]")  # snapshots.DIR
+_MARKUP = re.compile(r"^\[(attached document attachments/[^\]\n]+ \([\d,]+ chars\)|end of attachments/[^\]\n]+)\]$", re.M)
 OFFLINE_NOTICE = (
     "**No model is configured**, so this reply comes from mfs_nb's offline default and no LLM "
     "read your message. Your message is kept in the log and will be part of the conversation once "
@@ -65,6 +67,11 @@ def closes_attachment(line: str) -> bool:
     """Whether a line is the one that closes an attached document (`attachment_block`): markup
     that names nothing its opening line did not."""
     return _CLOSING.fullmatch(line.strip()) is not None
+
+
+def markup_free(text: str) -> str:
+    """A message's text less the lines that open and close its attached documents."""
+    return _MARKUP.sub("", text)
 
 
 def canned(text: str) -> bool:

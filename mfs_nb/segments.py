@@ -18,7 +18,7 @@ from . import lang, workset
 from .events import Event
 from .facts import tool_digest
 from .lang import conversation_language, header_language
-from .origin import canned
+from .origin import canned, markup_free
 from .tokens import estimate_tokens
 from .view import pair_tool_messages
 
@@ -229,7 +229,7 @@ def degraded_prose(events: Sequence[Event], language: str = "") -> str:
 
 def topic_keywords(events: Sequence[Event], n: int = 5) -> str:
     """Topic words of a range, deterministic, from what the user and assistant said (not tool output,
-    nor the offline default's notice: no model said it). Only words written with spaces between them: CJK text has none, and its character bigrams
+    nor the offline default's notice, nor the lines around an attached document). Only words written with spaces between them: CJK text has none, and its character bigrams
     (`宝可`, `可梦`, `的宝`) are fragments, not words. So a range whose user writes Chinese, Japanese
     or Korean gets no topics (its few Latin words, mostly paths, would misname it), and any other
     range none of the CJK bigrams (a segmenter with a dictionary would be needed for real ones)."""
@@ -237,7 +237,8 @@ def topic_keywords(events: Sequence[Event], n: int = 5) -> str:
 
     if conversation_language(events):
         return ""
-    said = [e.content for e in events if e.role == "user" or e.role == "assistant" and not canned(e.content)]
+    said = [markup_free(e.content) for e in events
+            if e.role == "user" or (e.role == "assistant" and not canned(e.content))]
     ranked = keywords(said, 10 ** 9)  # all, best first
     return ", ".join([t for t in ranked if not lang.has_cjk(t)][:n])
 

@@ -380,7 +380,7 @@ def said_lines(role: str, content: str) -> tuple[tuple[str, int], ...]:
         out.append((f"{role}: {fact.text}", fact.kind))
     if role == "user":  # decisions and constraints: a line of their own, or a fact line ranked up
         for sentence in _sentences(content):
-            if not _DECISION.search(sentence):
+            if not _DECISION.search(sentence) or closes_attachment(sentence):
                 continue
             overlapping = [t for t in mine if sentence in t or t.rstrip("…") in sentence]
             if not overlapping:

@@ -158,16 +158,18 @@ def test_other_calls_show_their_arguments_and_outcome_and_pair_with_their_own_re
 
 
 def test_an_attached_documents_closing_line_is_not_something_the_user_said(store_dir, tmp_path):
-    doc = tmp_path / "incident.md"
+    doc = tmp_path / "must-read.md"  # "must" is a decision word: the closing line is not one either
     body = "# Incident review\nThe pool was raised to 40 on deploy/pool.yaml.\n"
     doc.write_text(body, encoding="utf-8")
     s = Session("ws-doc", store=store_dir, llm=FakeLLM(default="noted"))
     s.chat("Read the review before we size the pool.", docs=[doc])
     said = [x.text for x in lines_of(s._events) if x.group == "said"]
     opening = [t for t in said if t.startswith("user: [attached document attachments/")]
-    assert len(opening) == 1 and opening[0].endswith(f"-incident.md ({len(body)} chars)]")  # the pointer stays
+    assert len(opening) == 1 and opening[0].endswith(f"-must-read.md ({len(body)} chars)]")  # the pointer stays
     assert "user: The pool was raised to 40 on deploy/pool.yaml." in said
     assert not any("[end of " in t for t in said), said
+    topics = topic_keywords(s._events).split(", ")  # nor do the lines around it name the topic
+    assert "pool" in topics and not {"attachments", "attached", "chars"} & set(topics), topics
 
 
 def test_the_offline_defaults_notice_is_not_something_the_assistant_said(store_dir):
