@@ -45,12 +45,12 @@ def litellm_module() -> Any:
             _ensure_tiktoken_cache()
             import litellm
 
-            from .offline import OfflineProvider
+            from .offline import provider_class
 
             litellm.suppress_debug_info = True
             litellm.telemetry = False
             providers = [p for p in (litellm.custom_provider_map or []) if p.get("provider") != "mfs-offline"]
-            providers.append({"provider": "mfs-offline", "custom_handler": OfflineProvider()})
+            providers.append({"provider": "mfs-offline", "custom_handler": provider_class()()})
             litellm.custom_provider_map = providers
             _register_custom_providers(litellm)
             _litellm = litellm

@@ -137,7 +137,8 @@ def complete(messages: list[dict[str, Any]], stream: bool = True, on_delta: Call
 
 
 @cache
-def _provider_class() -> type:
+def provider_class() -> type:
+    """The `mfs-offline/…` provider's class (a litellm CustomLLM), built once, on first use."""
     from litellm import CustomLLM
     from litellm.types.utils import Choices, Message, ModelResponse, Usage
 
@@ -171,5 +172,5 @@ def __getattr__(name: str) -> Any:
     # `OfflineProvider` subclasses litellm's CustomLLM: built on first use, so importing this
     # module (and answering offline in-process) never imports litellm
     if name == "OfflineProvider":
-        return _provider_class()
+        return provider_class()
     raise AttributeError(name)
