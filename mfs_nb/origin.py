@@ -46,8 +46,10 @@ DOC_TOKENS = 1500  # the length fallback
 PASTE_CHARS = 1500  # pastes over this that look like documents become snapshots at once
 SEPARATOR = re.compile(r"^\s*(-{3,}|={3,}|_{3,})\s*$", re.M)
 _WORDISH = re.compile(r"[^\W\d_]", re.U)
-_CLOSING = re.compile(r"\[end of attachments/[^\]\n]+\]")  # snapshots.DIR
-_MARKUP = re.compile(r"^\[(attached document attachments/[^\]\n]+ \([\d,]+ chars\)|end of attachments/[^\]\n]+)\]$", re.M)
+# the lines `attachment_block` writes around a document (its path is under snapshots.DIR)
+_OPENING = r"\[attached document attachments/[^\]\n]+ \([\d,]+ chars\)\]"
+_CLOSING = re.compile(r"^[ \t]*\[end of attachments/[^\]\n]+\][ \t]*$", re.M)
+_MARKUP = re.compile(rf"^[ \t]*{_OPENING}[ \t]*$|{_CLOSING.pattern}", re.M)
 OFFLINE_NOTICE = (
     "**No model is configured**, so this reply comes from mfs_nb's offline default and no LLM "
     "read your message. Your message is kept in the log and will be part of the conversation once "
@@ -63,21 +65,16 @@ def attachment_block(path: str, chars: int, inline: str) -> str:
     return f"[attached document {path} ({chars:,} chars)]\n{inline}\n[end of {path}]"
 
 
-def closes_attachment(line: str) -> bool:
-    """Whether a line is the one that closes an attached document (`attachment_block`): markup
-    that names nothing its opening line did not."""
-    return _CLOSING.fullmatch(line.strip()) is not None
-
-
-def markup_free(text: str) -> str:
-    """A message's text less the lines that open and close its attached documents."""
-    return _MARKUP.sub("", text)
+def markup_free(text: str, pointer: bool = False) -> str:
+    """A message's text less the lines that close its attached documents, and less the lines that
+    open them unless `pointer` (the opening line names the snapshot: a pointer worth keeping)."""
+    return (_CLOSING if pointer else _MARKUP).sub("", text)
 
 
 def canned(text: str) -> bool:
     """Whether a reply is the offline default's chat notice (`offline`): mfs_nb's words, not a
-    model's, and nothing the conversation said (the summaries, the fact track and the topic words
-    leave it out)."""
+    model's, and nothing the conversation said (the offline summaries, the fact track and the topic
+    words leave it out)."""
     return " ".join(text.split()) == _NOTICE
 
 

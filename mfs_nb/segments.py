@@ -229,10 +229,11 @@ def degraded_prose(events: Sequence[Event], language: str = "") -> str:
 
 def topic_keywords(events: Sequence[Event], n: int = 5) -> str:
     """Topic words of a range, deterministic, from what the user and assistant said (not tool output,
-    nor the offline default's notice, nor the lines around an attached document). Only words written with spaces between them: CJK text has none, and its character bigrams
-    (`宝可`, `可梦`, `的宝`) are fragments, not words. So a range whose user writes Chinese, Japanese
-    or Korean gets no topics (its few Latin words, mostly paths, would misname it), and any other
-    range none of the CJK bigrams (a segmenter with a dictionary would be needed for real ones)."""
+    nor the offline default's notice, nor the lines around an attached document). Only words
+    written with spaces between them: CJK text has none, and its character bigrams (`宝可`, `可梦`,
+    `的宝`) are fragments, not words. So a range whose user writes Chinese, Japanese or Korean gets no
+    topics (its few Latin words, mostly paths, would misname it), and any other range none of the
+    CJK bigrams (a segmenter with a dictionary would be needed for real ones)."""
     from .search import keywords
 
     if conversation_language(events):

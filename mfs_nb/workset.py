@@ -41,7 +41,7 @@ from .cells import NAME as CELLS
 from .cells import failed_lines
 from .events import Event
 from .facts import COMMAND, ERROR, LINE_CHARS, PATH, cut, extract, stands_whole
-from .origin import canned, closes_attachment
+from .origin import canned, markup_free
 from .redaction import redact
 from .tokens import estimate_tokens
 
@@ -373,14 +373,13 @@ def said_lines(role: str, content: str) -> tuple[tuple[str, int], ...]:
     mine: list[str] = []
     if role == "assistant" and canned(content):  # the offline default's notice: no model said it
         return ()
+    content = markup_free(content, pointer=True)  # an attached document's closing line says nothing
     for fact in extract(content):
-        if closes_attachment(fact.text):  # the intake's markup: its opening line names the document
-            continue
         mine.append(fact.text)
         out.append((f"{role}: {fact.text}", fact.kind))
     if role == "user":  # decisions and constraints: a line of their own, or a fact line ranked up
         for sentence in _sentences(content):
-            if not _DECISION.search(sentence) or closes_attachment(sentence):
+            if not _DECISION.search(sentence):
                 continue
             overlapping = [t for t in mine if sentence in t or t.rstrip("…") in sentence]
             if not overlapping:
