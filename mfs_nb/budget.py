@@ -1,21 +1,24 @@
 """One budget for the whole window (docs/architecture.md, "One budget"): pure, no state.
 
 For a usable window `effective` (`ContextProfile.effective`) and the session's settings, `plan`
-gives the ceiling of every standing layer — the segment block, the fact track, the user-verbatim
-track, the knowledge slot — the floor of the raw tail a compaction keeps, and the pressure a
-compaction brings the payload down to. Three rules:
+gives the planned fill — the pressure every compaction ends at — and, as shares of that fill, the
+ceiling of every standing layer (the segment block, the fact track, the user-verbatim track, the
+knowledge slot) and the floor of the raw tail. Three rules:
 
-- **The standing layers together never pass `standing_share(effective)`** of the usable window:
-  30 % at an 8k window, rising to 45 % from a 32k window on. A small window shrinks its layers
-  first (fewer, denser lines), since everything above the raw tail is re-read after each
-  compaction's cache miss.
-- **A compaction ends at `TARGET`** (55 % of the usable window): the layers at their ceilings
-  plus the raw tail's floor add up to it, so the next compaction is at least the distance from
-  the target to the warn line (30 % of the window) of new content away.
-- **Large windows cap the layers in absolute tokens** (`CAPS`): a 1M window does not need a
-  150k fact track.
+- **A compaction ends at the planned fill** (`fill_share`): the `budget` setting's share of the
+  usable window (`FILLS`: lean 40 %, balanced 55 %, rich 70 %), or `fill` when set. Every kind of
+  compaction — manual, automatic, riding on a clearing, background — keeps raw what the layers
+  leave under it, measured as the payload sends it, so the next compaction is the distance from
+  the fill to the warn line of new content away.
+- **The layers are shares of the fill**: together they never pass `standing_share(effective)` of
+  it — 6/11 at an 8k window, rising to 9/11 from a 32k window on (30 % and 45 % of the usable window
+  at the balanced fill). A small window shrinks its layers first (fewer, denser lines), since
+  everything above the raw tail is re-read after each compaction's cache miss.
+- **Large windows cap the layers in absolute tokens** (`CAPS`, at the balanced fill; they scale
+  with the fill too): a 1M window does not need a 150k fact track.
 
-The settings' shares (`fact_share`, `verbatim_share`, `knowledge_share`) are each layer's claim.
+The settings' shares (`fact_share`, `verbatim_share`, `knowledge_share`) are each layer's claim, in
+shares of the usable window at the balanced fill (a leaner or richer fill scales them alike).
 What the user pinned and what the user wrote come first: the knowledge slot and the user-verbatim
 track get their claims, within half of the standing share (`FIRST`; the track gives way at a small
 window); the segment block and the fact track split what is left in proportion to their claims
@@ -29,12 +32,14 @@ from dataclasses import dataclass
 from typing import Any
 
 BLOCK_CLAIM = 0.35  # the segment block's claim, beside the settings' shares of the other layers
-STANDING_SMALL, STANDING_LARGE = 0.30, 0.45  # the standing layers' share at a small and a large window
+STANDING_SMALL, STANDING_LARGE = 0.30, 0.45  # the standing layers' share at a small and a large window (balanced fill)
 FIRST = 0.5  # the knowledge slot and the user-verbatim track take at most this part of the standing share
 SMALL, LARGE = 6_000, 26_000  # usable windows (≈ 8k and ≈ 32k windows) where the share stops changing
-TARGET = 0.55  # a compaction goes on until the payload is under this share of the usable window
-TAIL_MIN = 0.10  # the raw tail a compaction keeps is never under this share
-CAPS = {"block": 40_000, "facts": 12_000, "verbatim": 16_000, "knowledge": 8_000}  # tokens, at any window
+FILLS = {"lean": 0.40, "balanced": 0.55, "rich": 0.70}  # the `budget` setting: where a compaction ends
+BALANCED = FILLS["balanced"]  # the fill the layers' claims and caps are stated at
+FILL_BOUNDS = (0.2, 0.85)  # a planned fill outside these (exclusive) shares of the usable window is refused
+TAIL_MIN = 0.10  # the raw tail a compaction keeps is never under this share (at the balanced fill)
+CAPS = {"block": 40_000, "facts": 12_000, "verbatim": 16_000, "knowledge": 8_000}  # tokens, at the balanced fill
 
 
 @dataclass(frozen=True)
@@ -69,23 +74,33 @@ def standing_share(effective: int) -> float:
     return STANDING_SMALL + x * (STANDING_LARGE - STANDING_SMALL)
 
 
+def fill_share(settings: Any = None) -> float:
+    """The planned fill, a share of the usable window: `fill` when set, else the `budget` setting's."""
+    explicit = float(getattr(settings, "fill", 0.0) or 0.0)
+    return explicit or FILLS.get(getattr(settings, "budget", "balanced"), BALANCED)
+
+
 def plan(effective: int, settings: Any = None) -> Plan:
     """The budget of a usable window of `effective` tokens under `settings` (defaults when None)."""
+    fill = fill_share(settings)
+    ratio = fill / BALANCED
+    unit = effective * ratio  # the layers' claims are stated at the balanced fill: they are shares of the fill
+    caps = {k: round(v * ratio) for k, v in CAPS.items()}
     fact = getattr(settings, "fact_share", 0.15)
     verbatim_claim = getattr(settings, "verbatim_share", 0.15)
     knowledge_claim = getattr(settings, "knowledge_share", 0.05)
-    standing_cap = standing_share(effective) * effective
-    knowledge = min(int(knowledge_claim * effective), CAPS["knowledge"])
+    standing_cap = standing_share(effective) * unit
+    knowledge = min(int(knowledge_claim * unit), caps["knowledge"])
     # the user's own words come first: their claim, within what leaves half the standing share to the block
-    verbatim = max(0, min(int(verbatim_claim * effective), CAPS["verbatim"], int(FIRST * standing_cap) - knowledge))
+    verbatim = max(0, min(int(verbatim_claim * unit), caps["verbatim"], int(FIRST * standing_cap) - knowledge))
     room = max(standing_cap - knowledge - verbatim, 0.0)
     claims = {"block": BLOCK_CLAIM, "facts": fact}
     total = sum(claims.values())
-    scale = min(1.0, room / (total * effective)) if total else 0.0
-    sizes = {k: min(int(c * scale * effective), CAPS[k]) for k, c in claims.items()}
+    scale = min(1.0, room / (total * unit)) if total else 0.0
+    sizes = {k: min(int(c * scale * unit), caps[k]) for k, c in claims.items()}
     standing = sum(sizes.values()) + knowledge + verbatim
-    target = int(TARGET * effective)
-    tail = max(int(TAIL_MIN * effective), target - standing)
+    target = int(fill * effective)
+    tail = max(int(TAIL_MIN * unit), target - standing)
     return Plan(effective, sizes["block"], sizes["facts"], verbatim, knowledge, tail, target)
 
 

@@ -37,6 +37,7 @@ class Host:
     catch_up: Callable[[], None] = _nothing  # read the events other kernels appended since
     usage: Callable[[], Any] = _nothing  # the meter on the payload in force (`usage.Usage`)
     view: Callable[[], Any] = _nothing  # the payload in force, with its layers (`view.SendView`)
+    counts: Callable[[Any], Sequence[int]] = lambda view: ()  # tokens of each message of a payload, as the meter counts
     system_prompt: Callable[[], str] = lambda: ""
     summarizer: Callable[[], Any] = _nothing  # the model client that writes segment prose
     before_cover: Callable[[int], Any] = _nothing  # runs before uids up to N are covered by a segment

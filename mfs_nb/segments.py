@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from importlib import resources
 from typing import Any
@@ -97,18 +97,20 @@ def compressor_chars(e: Event) -> int:
 
 
 def select_range(raw: Sequence[Event], keep_tail_tokens: int, min_tokens: int = 2_000,
-                 input_chars: int = INPUT_CHARS) -> RangeChoice:
+                 input_chars: int = INPUT_CHARS, sent: Callable[[Event], int] = event_tokens) -> RangeChoice:
     """The oldest raw events worth compressing: cut at turn starts, keep the recent tail by whole
     turns (a last turn larger than the retention is kept whole), fit the compressor's input budget
-    and back off to a turn start; skip a range under `min_tokens` as `range_too_small`."""
+    and back off to a turn start; skip a range under `min_tokens` as `range_too_small`. `sent`: an
+    event's tokens as the payload sends it (a cleared result as its placeholder), which the kept
+    tail is measured in; the range's own worth is measured in the log's tokens."""
     cuts = cut_points(raw)
     if not raw or not cuts:
         return RangeChoice(0, 0, "nothing_raw")
     # the tail: whole turns from the end while they fit the retention; the last turn always stays
     tail_start = cuts[-1]
-    tokens = sum(event_tokens(e) for e in raw[tail_start:])
+    tokens = sum(sent(e) for e in raw[tail_start:])
     for c in reversed(cuts[:-1]):
-        extra = sum(event_tokens(e) for e in raw[c:tail_start])
+        extra = sum(sent(e) for e in raw[c:tail_start])
         if tokens + extra > keep_tail_tokens:
             break
         tokens += extra

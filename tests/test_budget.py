@@ -9,6 +9,7 @@ import pytest
 from conftest import FakeLLM
 
 from mfs_nb import Session, budget
+from mfs_nb.errors import ConfigError
 from mfs_nb.settings import Settings
 from mfs_nb.usage import ContextProfile
 
@@ -125,3 +126,46 @@ def test_a_compaction_of_short_questions_and_long_answers_reserves_only_what_the
     # near the target, where sizing the track at its ceiling ended it at 38 % of the window
     assert afters[0] >= p.target - 0.1 * eff
 
+
+
+def _compaction_ends(window: int, **settings) -> list[tuple[str, float]]:
+    from test_clearing import coding_transcript
+
+    from mfs_nb.replay import normalise, replay
+
+    seen: dict = {}
+    replay(normalise(coding_transcript(60, 1800)), window=window, keep=lambda s: seen.setdefault("rows", s.ledger()),
+           **settings)
+    eff = ContextProfile(window).effective
+    return [(r["trigger"], r["tokens_after"] / eff) for r in seen["rows"] if r["kind"] == "compaction"]
+
+
+def test_a_compaction_riding_on_a_clearing_ends_at_the_planned_fill():
+    """Issue 67: a compaction that rides on a clearing's cache miss keeps raw what the layers leave under
+    the fill, measured as the payload sends it (a cleared result as its placeholder), and leaves no room
+    for what would arrive before the compress line, since it is committed at once. Before, on this
+    tool-heavy session at 32k it ended at 25 % and 34 % of the usable window (the tail was counted in
+    the log's tokens and room was left for arrivals that never came)."""
+    for window in (16_000, 32_000):
+        ends = _compaction_ends(window)
+        assert ends and {t for t, _ in ends} == {"with clearing"}
+        fill = budget.FILLS["balanced"]
+        assert all(fill - 0.12 <= share <= fill for _, share in ends), ends
+    lean = _compaction_ends(16_000, budget="lean")
+    assert lean and all(budget.FILLS["lean"] - 0.12 <= share <= budget.FILLS["lean"] for _, share in lean), lean
+
+
+def test_the_fill_is_one_setting_with_bounds_named_when_refused():
+    assert budget.fill_share(Settings()) == budget.FILLS["balanced"]
+    assert budget.fill_share(Settings(budget="lean")) == 0.40 and budget.fill_share(Settings(budget="rich")) == 0.70
+    assert budget.fill_share(Settings(budget="lean", fill=0.5)) == 0.5  # an explicit fill wins
+    eff = ContextProfile(32_768).effective
+    lean, rich = budget.plan(eff, Settings(budget="lean")), budget.plan(eff, Settings(budget="rich"))
+    assert lean.target < budget.plan(eff).target < rich.target
+    assert lean.facts < rich.facts and lean.block < rich.block  # the layers are shares of the fill
+    assert rich.standing / rich.target == pytest.approx(lean.standing / lean.target, abs=0.01)
+    for bad, bound in ((dict(fill=0.2), "0.2"), (dict(fill=0.85), "0.85"), (dict(fill=0.9), "0.85"),
+                       (dict(budget="huge"), "lean, balanced, rich"), (dict(budget="rich", warn_at=0.6), "warn line")):
+        with pytest.raises(ConfigError, match=re.escape(bound)) as err:
+            Settings().with_values(**bad)
+        assert "\n" not in str(err.value)

@@ -19,15 +19,17 @@ class Background(BlockWork):
     """The pre-compaction under way, and its commit."""
 
     # -- background pre-compaction -----------------------------------------------------------
-    def start_background(self, effective: int, synchronous: bool) -> bool:
-        """At the warn line: compress cold history into an L0 segment from a snapshot, off the turn."""
+    def start_background(self, effective: int, synchronous: bool, now: bool = False) -> bool:
+        """At the warn line: compress cold history into an L0 segment from a snapshot, off the turn.
+        `now`: it is to be committed right away (riding on a clearing), so its range ends at the fill
+        as the payload stands (`CompactorState.keep_tail`)."""
         if self.pending is not None or self.breaker.open:
             return False
-        if not self.choose(effective)[0]:  # nothing cold to compress: the lease (two writes, three reads) is not taken
+        if not self.choose(effective, now=now)[0]:  # nothing cold: the lease (two writes, three reads) is not taken
             return False
         if self._acquire(0.0):
             return False
-        events, _ = self.choose(effective)  # again: the lease brought what other kernels declared
+        events, _ = self.choose(effective, now=now)  # again: the lease brought what other kernels declared
         if not events:
             self._release()
             return False

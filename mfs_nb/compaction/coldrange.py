@@ -14,19 +14,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .. import segments as seg
 from ..events import Event
 
 
 def choose(raw: Sequence[Event], effective: int, keep: int, emergency: bool = False,
-           small_ok: bool = False) -> tuple[list[Event], str]:
+           small_ok: bool = False, sent: Callable[[Event], int] = seg.event_tokens) -> tuple[list[Event], str]:
     """The cold range of `raw` (the events no segment covers), or ([], why not). `keep`: the raw
-    tail to keep, in tokens (`CompactorState.keep_tail`)."""
+    tail to keep, in tokens as the payload sends them (`sent`; `CompactorState.keep_tail`)."""
     target_lo = min(seg.TARGET_MIN, int(0.1 * effective))
     min_tokens = 1 if emergency or small_ok else int(min(max(2_000, 2 * target_lo), 0.2 * effective))
-    choice = seg.select_range(raw, 0 if emergency or small_ok else keep, min_tokens)
+    choice = seg.select_range(raw, 0 if emergency or small_ok else keep, min_tokens, sent=sent)
     if choice.start == choice.end:
         return [], choice.reason
     return list(raw[choice.start:choice.end]), ""

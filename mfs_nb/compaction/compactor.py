@@ -56,7 +56,7 @@ class Compactor(Background):
         wider: list[Event] = []  # at the hard line, after a range not even the digest made smaller: all of it
         widened = False
         while not only_ready and s.usage().tokens >= self.plan(effective).target or manual and not made:
-            events, why = (wider, "") if wider else self.choose(effective, small_ok=manual)
+            events, why = (wider, "") if wider else self.choose(effective, small_ok=manual, now=True)
             wider = []
             if not events and s.usage().tier == "hard":
                 events, why = self.choose(effective, emergency=True)
@@ -211,20 +211,23 @@ class Compactor(Background):
         replay, `background_compaction=False`) one is made here. `effective`: the usable window, when the
         caller has measured it already (else it is measured here)."""
         if self.pending is None and synchronous_background:
-            self.start_background(effective or self.host.usage().effective, True)
+            self.start_background(effective or self.host.usage().effective, True, now=True)
         return self.compact(tier, "with clearing", only_ready=True) if self._ready() else []
 
-    def on_tier(self, tier: str, synchronous_background: bool, effective: int | None = None) -> list[str]:
+    def on_tier(self, tier: str, synchronous_background: bool, effective: int | None = None,
+                cleared: bool = False) -> list[str]:
         """warn: pre-compact in the background; compress: commit what is ready (start it if nothing
         is under way); hard: compact now, waiting for the background result first. `effective`: the
         usable window of the usage the tier came from (a second projection of the payload costs
-        milliseconds a call once the history is long)."""
+        milliseconds a call once the history is long). `cleared`: a clearing has just rewritten the
+        payload, so a pre-compaction ready in time rides on it (`piggyback`) and its range is chosen
+        to end at the fill then, not at the compress line."""
         self.calls += 1
         if TIERS.index(tier) < TIERS.index("warn"):
             return []
         effective = effective or self.host.usage().effective
         if tier == "warn":
-            self.start_background(effective, synchronous_background)
+            self.start_background(effective, synchronous_background, now=cleared)
             return []
         if tier == "compress":
             if self.calls - self.last_compaction_call <= limits.REFILL_CALLS and not self.refill_skipped:

@@ -190,27 +190,33 @@ class CompactorState:
         return list(after(self.host.events(), self.covered_to))
 
     # -- the range -----------------------------------------------------------------------
-    def choose(self, effective: int, emergency: bool = False, small_ok: bool = False) -> tuple[list[Event], str]:
-        """The cold range (`coldrange.choose`) of what no segment covers yet."""
+    def choose(self, effective: int, emergency: bool = False, small_ok: bool = False,
+               now: bool = False) -> tuple[list[Event], str]:
+        """The cold range (`coldrange.choose`) of what no segment covers yet, keeping raw what the plan
+        leaves under the fill (`keep_tail`), measured as the payload in force sends it. `now`: the range
+        is committed at once (a compaction riding on a clearing), not at the compress line."""
         raw = self.raw()
-        return coldrange.choose(raw, effective, self.keep_tail(effective, raw), emergency, small_ok)
+        view = self.host.view()
+        sent = sent_tokens(view, self.host.counts(view)) if view is not None else {}
+        return coldrange.choose(raw, effective, self.keep_tail(effective, raw, now=now, view=view), emergency,
+                                small_ok, sent=lambda e: sent.get(e.uid, e.tokens))
 
     def plan(self, effective: int) -> budget.Plan:
         """The window's budget under the session's settings (`budget.plan`)."""
         return budget.plan(effective, self.host.settings())
 
-    def keep_tail(self, effective: int, raw: Sequence[Event] | None = None) -> int:
-        """The raw tail a compaction keeps: the room the layers leave under the plan's target once it
-        is committed — the layers in force, the segment to come (guide and fact list), the fact and
-        user-verbatim tracks as the range could fill them (`track_room`), and what arrives before the
-        compress line when the range is chosen early — never under the plan's floor. A compaction
-        that rides on a clearing keeps that last room too: it pays no cache miss of its own, and going
-        deeper puts the next event further away (leaving it out cost 0.4 points of prefix ratio on a
-        coding session at 8k, `mfs-nb bench budget` on 2026-12-05). `raw`: the uncovered events, when the
-        caller has them."""
+    def keep_tail(self, effective: int, raw: Sequence[Event] | None = None, *, now: bool = False,
+                  view: Any = None) -> int:
+        """The raw tail a compaction keeps, in tokens as the payload sends them: the room the layers
+        leave under the planned fill once it is committed — the layers in force, the segment to come
+        (guide and fact list), the fact and user-verbatim tracks as the range could fill them
+        (`track_room`) — never under the plan's floor. A range chosen below the compress line (the
+        pre-compaction at the warn line) is committed there, and what arrives meanwhile joins the tail,
+        so that room is left too; one committed at once (`now`: riding on a clearing) leaves none, and
+        so ends at the fill like any other. `raw`: the uncovered events, when the caller has them."""
         settings = self.host.settings()
         p = budget.plan(effective, settings)
-        view = self.host.view()
+        view = self.host.view() if view is None else view
         if view is None:
             return p.tail
         tracks = track_room(p, view.layers, self.raw() if raw is None else raw)
@@ -221,11 +227,9 @@ class CompactorState:
         usage = self.host.usage()
         if usage is None:
             return max(p.tail, p.target - standing - segment)
-        # what the meter counts beyond the layers (tool schemas, calibration) stands too; a range chosen
-        # below the compress line (the pre-compaction at the warn line) is committed there, and what
-        # arrives meanwhile joins the tail
+        # what the meter counts beyond the layers (tool schemas, calibration) stands too
         beyond = max(0, usage.tokens - sum(layer.tokens for layer in view.layers))
-        ahead = max(0, int(settings.compress_at * effective) - usage.tokens)
+        ahead = 0 if now else max(0, int(settings.compress_at * effective) - usage.tokens)
         return max(p.tail, p.target - standing - beyond - segment - ahead)
 
     def target(self, events: Sequence[Event], effective: int) -> int:
@@ -295,6 +299,16 @@ class CompactorState:
     def breaker_line(self) -> str:
         """For %mfs status: where the breaker stands and what to do."""
         return self.breaker.line(limits.BREAKER_COOLDOWN_S)
+
+
+def sent_tokens(view: Any, counts: Sequence[int]) -> dict[int, int]:
+    """The tokens each raw event takes in the payload `view` (`counts`: per message), by uid: a cleared
+    result counts as its placeholder, a trimmed one as what is left of it."""
+    out: dict[int, int] = {}
+    for uid, n in zip(view.uids, counts):
+        if uid is not None:
+            out[uid] = out.get(uid, 0) + n
+    return out
 
 
 def _consecutive(segments: Sequence[Segment], at: list[int], ids: list[int]) -> bool:

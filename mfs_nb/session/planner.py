@@ -40,7 +40,8 @@ class CallPlanner(Projection):
             notices += cleared
         if self.settings.auto_compaction:
             sync = not self.settings.background_compaction
-            acted = self.compactor.on_tier(usage.tier, synchronous_background=sync, effective=usage.effective)
+            acted = self.compactor.on_tier(usage.tier, synchronous_background=sync, effective=usage.effective,
+                                           cleared=bool(cleared))
             if cleared and not acted:
                 # the clearing has already paid the cache miss from the history layers on, where a new
                 # segment would go: a compaction ready now costs nothing more (one reset, not two)

@@ -255,6 +255,7 @@ class Session(Memory):
         return Host(
             self.name, self.store, self._writer, lambda: self.settings, lambda: self._events, self._log,
             catch_up=self._catch_up, usage=lambda: self.usage(), view=lambda: self.send_view(),
+            counts=self.token_counts,
             system_prompt=self._system, summarizer=lambda: self.summarizer,
             before_cover=lambda upto: self.verbatim.classify_pending(upto),
             after_index=self._indexed,
