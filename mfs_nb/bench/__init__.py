@@ -16,6 +16,7 @@ from . import (
     compaction,
     consolidation,
     cost,
+    frontier,
     mcpbench,
     notebook,
     qa,
@@ -32,5 +33,5 @@ SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compact
           consolidation.NAME: consolidation,
           verbatim.NAME: verbatim, sidebyside.NAME: sidebyside, ux.NAME: ux,
           recall.NAME: recall, recall_speed.NAME: recall_speed, notebook.NAME: notebook, storebench.NAME: storebench,
-          chatload.NAME: chatload, cost.NAME: cost, budget.NAME: budget, mcpbench.NAME: mcpbench,
+          chatload.NAME: chatload, cost.NAME: cost, budget.NAME: budget, frontier.NAME: frontier, mcpbench.NAME: mcpbench,
           qa.NAME: qa}
