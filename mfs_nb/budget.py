@@ -28,6 +28,7 @@ window); the segment block and the fact track split what is left in proportion t
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ FIRST = 0.5  # the knowledge slot and the user-verbatim track take at most this 
 SMALL, LARGE = 6_000, 26_000  # usable windows (≈ 8k and ≈ 32k windows) where the share stops changing
 FILLS = {"lean": 0.40, "balanced": 0.55, "rich": 0.70}  # the `budget` setting: where a compaction ends
 BALANCED = FILLS["balanced"]  # the fill the layers' claims and caps are stated at
+BELOW_WARN = 0.15  # a budget's fill stays this far under the warn line (a lowered warn_at lowers it)
 FILL_BOUNDS = (0.2, 0.85)  # a planned fill outside these (exclusive) shares of the usable window is refused
 TAIL_MIN = 0.10  # the raw tail a compaction keeps is never under this share (at the balanced fill)
 CAPS = {"block": 40_000, "facts": 12_000, "verbatim": 16_000, "knowledge": 8_000}  # tokens, at the balanced fill
@@ -75,9 +77,11 @@ def standing_share(effective: int) -> float:
 
 
 def fill_share(settings: Any = None) -> float:
-    """The planned fill, a share of the usable window: `fill` when set, else the `budget` setting's."""
+    """The planned fill, a share of the usable window: `fill` when set (the settings keep it under the warn
+    line), else the `budget` setting's, at least `BELOW_WARN` under a lowered warn line."""
     explicit = float(getattr(settings, "fill", 0.0) or 0.0)
-    return explicit or FILLS.get(getattr(settings, "budget", "balanced"), BALANCED)
+    preset = FILLS.get(getattr(settings, "budget", "balanced"), BALANCED)
+    return explicit or min(preset, getattr(settings, "warn_at", 0.85) - BELOW_WARN)
 
 
 def plan(effective: int, settings: Any = None) -> Plan:
@@ -114,3 +118,30 @@ def table(windows: tuple[int, ...] = (8_192, 16_384, 32_768, 131_072, 200_000, 1
         rows.append([f"{window:,}", f"{p.effective:,}", *(f"{v:,}" for _, v in p.rows()),
                      f"{p.standing / p.effective:.0%}"])
     return rows
+
+
+LAYERS = {"segment": ("the segment block", "block"), "facts": ("the fact track", "facts"),
+          "verbatim": ("the user-verbatim track", "verbatim"), "knowledge": ("the knowledge slot", "knowledge")}
+ADVICE = {"knowledge": "%mfs unpin KEY removes a pinned value",
+          "verbatim": "a long message of yours is kept whole there; verbatim_share=… lowers its room",
+          "facts": "fact_share=… lowers its room", "block": "the next consolidation makes it smaller"}
+
+
+def over_fill(p: Plan, layers: Sequence[Any]) -> str | None:
+    """One line when the standing layers alone (everything but the system prompt and the raw tail) pass
+    the planned fill, naming the layer furthest over its ceiling and by how much; None otherwise. No
+    compaction can bring such a payload down to the fill, so the person is told once, not retried."""
+    tokens: dict[str, int] = {}
+    for layer in layers:
+        if layer.kind in LAYERS:
+            tokens[layer.kind] = tokens.get(layer.kind, 0) + layer.tokens
+    standing = sum(tokens.values())
+    if standing <= p.target or not tokens:
+        return None
+    ceiling = {kind: getattr(p, LAYERS[kind][1]) for kind in tokens}
+    kind = max(tokens, key=lambda k: (tokens[k] - ceiling[k], tokens[k]))
+    name, key = LAYERS[kind]
+    over = tokens[kind] - ceiling[kind]
+    return (f"the standing layers alone take {standing:,} tokens, over the planned fill of {p.target:,}: {name} holds "
+            f"{tokens[kind]:,}" + (f", {over:,} over its share of {ceiling[kind]:,}" if over > 0 else "")
+            + f"; {ADVICE[key]}, or budget=rich gives every layer more room")

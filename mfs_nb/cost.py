@@ -130,3 +130,24 @@ def describe(bill: dict[str, Any]) -> str:
     if bill["unpriced"]:
         lines.append(f"price unknown for {', '.join(bill['unpriced'])}: litellm's cost map does not list it")
     return "\n".join(lines)
+
+
+def budget_line(model: str, settings: Any, effective: int, priced: bool = True) -> str:
+    """The `budget` setting in words (`%mfs status`, `%mfs cost`): where a compaction ends, where the warn
+    line is, and what 100 calls of a long chat cost at `model`'s prices — a long chat's calls sit
+    between the fill and the warn line, about their midpoint on average, priced all read from the
+    cache and all uncached. `priced=False`: no prices (the cost map is not loaded for a status line)."""
+    from .budget import fill_share
+
+    fill = fill_share(settings)
+    mid = int((fill + settings.warn_at) / 2 * effective)
+    label = f"fill {fill:.0%}" if getattr(settings, "fill", 0) else f"{settings.budget} ({fill:.0%})"
+    line = (f"budget {label}: a compaction ends at {int(fill * effective):,} tokens of {effective:,} usable, the warn "
+            f"line is at {settings.warn_at:.0%}; a long chat's calls average ~{mid:,} tokens")
+    if is_offline(model):
+        return line + " (the offline default costs nothing)"
+    rates = price(model) if priced else None
+    if rates is None:
+        return line + ("" if not priced else f" (no price for {model} in litellm's cost map)")
+    read, full = 100 * mid * rates["read"], 100 * mid * rates["input"]
+    return line + f", ${read:,.2f}–${full:,.2f} of input per 100 calls at {model} (read from the cache – uncached)"

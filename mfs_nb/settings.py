@@ -115,10 +115,9 @@ class Settings:
         if self.fill and not lo < self.fill < hi:
             raise ConfigError(f"fill={self.fill} is out of range: a compaction ends between {lo} and {hi} of the "
                               "usable window, exclusive (or 0: the budget setting's)")
-        fill = self.fill or FILLS[self.budget]
-        if fill >= self.warn_at:
-            raise ConfigError(f"the planned fill ({fill:.0%}) must be under the warn line (warn_at={self.warn_at}): "
-                              "lower fill or budget, or raise warn_at")
+        if self.fill and self.fill >= self.warn_at:
+            raise ConfigError(f"fill={self.fill} must be under the warn line (warn_at={self.warn_at}): a compaction "
+                              "ends below the line that starts it; lower fill or raise warn_at")
         if not 1 <= self.max_consolidations <= 6:
             raise ConfigError(f"max_consolidations={self.max_consolidations} is out of range (1 … 6)")
         if not 0 <= self.fact_share <= 0.3:

@@ -21,7 +21,8 @@ Deterministic, zero LLM, a pure function of events. From a range of the log it t
   room the rest leaves, newest first.
 
 Lines are cut at 200 characters (head 150 + "…" + tail 50). Within a budget, the higher kinds
-win (errors > commands and decisions > paths > bare numbers) and, within a kind, the newer line;
+win (errors > commands and decisions > paths > bare numbers) and, within a kind, the line used more
+recently and more often (`rank`: each further use counts as a few places newer);
 what is left out is named by uid range, so recall_history reaches it. Segments' fact lists and the
 session's fact track both come from here, so a line has one form wherever it appears.
 """
@@ -55,6 +56,7 @@ SAID_CACHE = 20_000  # messages whose text lines are kept (`said_lines`); a mess
 OUTPUT = 4  # output lines rank under every other kind (4 + the fact's own kind: commands, paths, numbers)
 OUTPUT_POOL = 4  # printed lines read, in tokens, per token of room: the ranking (kind, then newest) chooses among them
 OUTPUT_CACHE = 2_000  # tool results whose printed lines are kept (`output_lines`; the newest are read first)
+REUSE, REUSE_MAX = 3, 5  # a further use of a line's file, command or text counts as this many places newer (`rank`)
 TOOL = "tool: "  # the speaker of lines read from tool calls and results (said lines carry user: / assistant:)
 
 _FILE_KEYS = ("file_path", "path", "notebook_path", "filename", "file", "target_file", "filepath")
@@ -451,11 +453,21 @@ def dropped_note(dropped: Sequence[Line], language: str = "") -> str:
     return lang.text("facts_dropped", language, lo=lo, hi=hi, what=what)
 
 
+def rank(lines: Sequence[Line]) -> list[Line]:
+    """The order lines keep their place in when room is short, the first kept first: by kind (errors,
+    then commands and decisions, paths, numbers, then what tools printed); within a kind by recency and
+    reuse — a line's place among the kind's lines by its latest use, each further use of the same file,
+    command or text counting as `REUSE` places newer (up to `REUSE_MAX` uses). So the line that goes
+    first is the one least recently and least often used; the order the lines were met plays no part."""
+    place = {id(x): i for i, x in enumerate(sorted(lines, key=lambda x: (x.kind, x.newest, x.key)))}
+    return sorted(lines, key=lambda x: (x.kind, -(place[id(x)] + REUSE * (min(len(x.uids), REUSE_MAX) - 1)),
+                                        -x.newest, x.key))
+
+
 def budget(lines: Sequence[Line], max_tokens: int, max_lines: int | None = None, language: str = "") -> Budgeted:
-    """Keep lines within `max_tokens` (and `max_lines`): errors first, then commands and decisions,
-    paths, numbers; within a kind the newest. The note for what is dropped is paid for first.
-    `language`: of the rendered labels (lang.py)."""
-    order = sorted(lines, key=lambda x: (x.kind, -x.newest))
+    """Keep lines within `max_tokens` (and `max_lines`) in `rank`'s order. The note for what is dropped
+    is paid for first. `language`: of the rendered labels (lang.py)."""
+    order = rank(lines)
     reserve = 40 if len(lines) else 0
     kept: list[Line] = []
     tokens = (len(GROUPS) - all(x.group != "outputs" for x in lines)) * 4 + reserve  # a caption each

@@ -159,13 +159,57 @@ def test_the_fill_is_one_setting_with_bounds_named_when_refused():
     assert budget.fill_share(Settings()) == budget.FILLS["balanced"]
     assert budget.fill_share(Settings(budget="lean")) == 0.40 and budget.fill_share(Settings(budget="rich")) == 0.70
     assert budget.fill_share(Settings(budget="lean", fill=0.5)) == 0.5  # an explicit fill wins
+    assert budget.fill_share(Settings(budget="rich", warn_at=0.6)) == pytest.approx(0.45)  # under a lowered warn line
     eff = ContextProfile(32_768).effective
     lean, rich = budget.plan(eff, Settings(budget="lean")), budget.plan(eff, Settings(budget="rich"))
     assert lean.target < budget.plan(eff).target < rich.target
     assert lean.facts < rich.facts and lean.block < rich.block  # the layers are shares of the fill
     assert rich.standing / rich.target == pytest.approx(lean.standing / lean.target, abs=0.01)
     for bad, bound in ((dict(fill=0.2), "0.2"), (dict(fill=0.85), "0.85"), (dict(fill=0.9), "0.85"),
-                       (dict(budget="huge"), "lean, balanced, rich"), (dict(budget="rich", warn_at=0.6), "warn line")):
+                       (dict(budget="huge"), "lean, balanced, rich"), (dict(fill=0.6, warn_at=0.6), "warn line")):
         with pytest.raises(ConfigError, match=re.escape(bound)) as err:
             Settings().with_values(**bad)
         assert "\n" not in str(err.value)
+
+
+def test_standing_layers_over_the_fill_are_named_once_with_the_layer_and_by_how_much(store_dir, monkeypatch):
+    from dataclasses import replace
+
+    from mfs_nb.view import Layer
+
+    p = budget.plan(ContextProfile(32_768).effective)
+    layers = [Layer("system", None, None, 100), Layer("knowledge", None, None, p.target + 500),
+              Layer("facts", 1, 9, p.facts), Layer("raw", 10, 20, 3_000)]
+    line = budget.over_fill(p, layers)
+    assert line is not None and "\n" not in line
+    assert "the knowledge slot holds" in line and f"{p.target + 500 - p.knowledge:,} over its share" in line
+    assert "%mfs unpin" in line
+    assert budget.over_fill(p, layers[:1] + layers[2:]) is None  # the raw tail never counts
+
+    s = Session("over", store=store_dir, window_tokens=16_384, llm=FakeLLM(default="ok"))
+    s.pin({"db_limit": "120", "region": "eu-west-1"})
+    small = replace(s.plan(), target=5)
+    monkeypatch.setattr(Session, "plan", lambda self: small)
+    s.chat("hello")
+    assert any(n.startswith("the standing layers alone take") for n in s.last_plan.notices)
+    s.chat("again")
+    assert not any(n.startswith("the standing layers alone take") for n in s.last_plan.notices)  # once
+    rows = [r for r in s.ledger() if r["kind"] == "over_fill"]
+    assert len(rows) == 1 and rows[0]["target"] == 5 and "the knowledge slot holds" in rows[0]["detail"]
+    assert rows[0]["layers"]["knowledge"] == next(x.tokens for x in s.send_view().layers if x.kind == "knowledge")
+
+
+def test_the_budget_setting_says_where_compactions_end_and_what_100_calls_cost():
+    from mfs_nb.cost import budget_line, price
+
+    eff = ContextProfile(200_000).effective
+    model = "anthropic/claude-sonnet-4-5"
+    rates = price(model)
+    assert rates is not None
+    lines = {b: budget_line(model, Settings(model=model, budget=b), eff) for b in budget.FILLS}
+    for b, fill in budget.FILLS.items():
+        mid = int((fill + 0.85) / 2 * eff)
+        assert f"budget {b} ({fill:.0%}): a compaction ends at {int(fill * eff):,} tokens" in lines[b]
+        assert f"${100 * mid * rates['read']:,.2f}–${100 * mid * rates['input']:,.2f} of input per 100 calls" in lines[b]
+    assert "fill 50%" in budget_line(model, Settings(model=model, fill=0.5), eff)
+    assert "no price for" in budget_line("openai/my-own-model-xyz", Settings(), eff)

@@ -39,6 +39,11 @@ def test_chat_recall_and_status(ip, capsys):
     ip.run_line_magic("mfs", "status")
     out = capsys.readouterr().out
     assert "2 events, last uid 2" in out and "endpoint primary (mfs-offline/default)" in out
+    assert "budget balanced (55%): a compaction ends at" in out and "(the offline default costs nothing)" in out
+    ip.run_line_magic("mfs", "config budget=lean")
+    capsys.readouterr()
+    ip.run_line_magic("mfs", "status")
+    assert "budget lean (40%)" in capsys.readouterr().out
 
 
 def test_template_escapes_and_unknown_names(ip, capsys):

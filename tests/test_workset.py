@@ -182,3 +182,25 @@ def test_the_offline_defaults_notice_is_not_something_the_assistant_said(store_d
     assert not any(t.startswith("assistant:") for t in said), said
     topics = topic_keywords(s._events).split(", ")  # a segment's header names what the user talked about
     assert "pool" in topics and not {"model", "configured", "message", "config"} & set(topics), topics
+
+
+def test_when_room_is_short_the_line_least_recently_and_least_often_used_goes_first():
+    """Issue 67: within a kind the fact track ranks by recency and reuse (`workset.rank`), never by
+    the order lines were met; errors still come before paths."""
+    from mfs_nb.facts import ERROR, PATH
+    from mfs_nb.workset import Line, budget, rank
+
+    error = Line("errors", ERROR, "boom", "tool: RuntimeError: boom", (1,))
+    edited_often = Line("files", PATH, "lib/a.ex", "tool: lib/a.ex — edited (Edit)", (2, 5, 9, 12))
+    read_once_early = Line("files", PATH, "lib/c.ex", "tool: lib/c.ex — read (Read)", (3,))
+    read_once_later = Line("files", PATH, "lib/b.ex", "tool: lib/b.ex — read (Read)", (14,))
+    read_once_last = Line("files", PATH, "lib/d.ex", "tool: lib/d.ex — read (Read)", (40,))
+    lines = [error, edited_often, read_once_early, read_once_later, read_once_last]
+    order = rank(lines)
+    assert order == rank(list(reversed(lines))) == rank(lines[2:] + lines[:2])  # the order met plays no part
+    assert order[0] is error and order[-1] is read_once_early  # least recently and least often used: first out
+    assert order.index(read_once_last) < order.index(read_once_later)  # recency among lines used once
+    assert order.index(edited_often) < order.index(read_once_later)  # four uses outweigh two places of recency
+    one_line = sum(len(x.render()) for x in lines) // (4 * len(lines))  # about a line's tokens
+    kept = budget(lines, 40 + 6 * 4 + 3 * (one_line + 4))
+    assert error in kept.lines and edited_often in kept.lines and read_once_early in kept.dropped

@@ -162,6 +162,8 @@ def run(data: Data, quick: bool, **_: Any) -> dict[str, Any]:
             rows.append([f"{window // 1024}k", strategy, f"${chat_dollars:.2f}", f"{answers:.1%}",
                          f"${code_dollars:.2f}", f"{working:.1%}"])
     plots = [_plot(window, pts) for window, pts in points.items()] if not quick else []
+    if not quick and coding:
+        plots.append(_payload_figure(coding[0]))
     return {
         "title": "The frontier: dollars against answers, mfs_nb's fills against compact-at-90 % and truncation",
         "tables": [{"caption": "Per window and strategy: dollars for LoCoMo ×6 as one chat and the share of its "
@@ -179,7 +181,7 @@ def run(data: Data, quick: bool, **_: Any) -> dict[str, Any]:
                   "answers: an evidence turn's whole text in the markup-free final payload or in the page "
                   "(`bench/onestep.py`); working set: `bench/atoms.py`, paths and commands named by the user, the "
                   "assistant or a tool call"]
-                 + [f"plot: ![frontier at {Path(p).stem.split('-')[-1]}](img/{Path(p).name})" for p in plots if p]
+                 + [f"plot: ![{Path(p).stem}](../img/{Path(p).name})" for p in plots if p]
                  + (["quick run: the first LoCoMo conversation and the smallest coding session at 32k"] if quick else []),
         "metrics": metrics,
     }
@@ -208,6 +210,49 @@ def _plot(window: int, pts: dict[str, tuple[float, float, float, float]]) -> str
     fig.tight_layout()
     IMG.mkdir(parents=True, exist_ok=True)
     path = IMG / f"frontier-{window // 1024}k.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def _payload_figure(messages: list[dict[str, Any]]) -> str | None:
+    """docs/img/fill-over-calls.png: the payload of every call of one coding session replayed at 8k, 32k
+    and 128k (balanced fill), as a share of the usable window, with the fill, the clearing's target and
+    the warn line drawn; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    from ..clearing import HEADROOM
+    from ..settings import Settings
+    from ..usage import ContextProfile
+
+    fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
+    for ax, window in zip(axes, WINDOWS):
+        shares: list[float] = []
+        effective = ContextProfile(window).effective
+        replay(normalise(messages), window=window,
+               on_call=lambda session, plan: shares.append(plan.usage.tokens / plan.usage.effective))
+        ax.plot(range(1, len(shares) + 1), shares, lw=1, label="payload")
+        warn = Settings().warn_at
+        fill = budget.FILLS["balanced"]
+        lines = [(fill, "--", "planned fill (balanced)"), (warn - HEADROOM, ":", "a clearing's target"),
+                 (warn, "-.", "warn line")]
+        if abs(fill - (warn - HEADROOM)) < 0.01:  # one line, one label
+            lines = [(fill, "--", "planned fill (balanced) = a clearing's target"), lines[2]]
+        for y, style, label in lines:
+            ax.axhline(y, ls=style, lw=0.8, color="grey")
+            ax.annotate(label, (1, y), textcoords="offset points", xytext=(2, 2), fontsize=7, color="grey")
+        ax.set_ylim(0, 1)
+        ax.set_ylabel(f"{window // 1024}k ({effective:,} usable)")
+    axes[-1].set_xlabel("call")
+    axes[0].set_title("payload as a share of the usable window, every call of one coding session")
+    fig.tight_layout()
+    IMG.mkdir(parents=True, exist_ok=True)
+    path = IMG / "fill-over-calls.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return str(path)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from IPython.display import display
@@ -38,6 +39,9 @@ class MfsCommands(NotebookChoices):
         print("settings: " + "; ".join(
             f"{k} {getattr(s.settings, k)!r} from {self.origin(k, s)}" for k in PERSON_KEYS
             if getattr(s.settings, k) or k == "model"))
+        from ..cost import budget_line
+
+        print(budget_line(s.settings.model, s.settings, u.effective, priced="litellm" in sys.modules))
         comp = s.compactor
         if comp.segments or comp.evicted:
             spans = ", ".join(f"#{x.id} {x.uid_from}–{x.uid_to}" + (" degraded" if x.degraded else "") for x in comp.segments)
@@ -209,10 +213,11 @@ class MfsCommands(NotebookChoices):
         print(f"exported session {session.name!r} ({session.last_uid} events) to {path}")
 
     def _mfs_cost(self, rest: list[str]) -> None:
-        from ..cost import describe
+        from ..cost import budget_line, describe
 
         session = self.get_session()
         print(f"session {session.name!r}, priced with litellm's cost map\n" + describe(session.cost()))
+        print(budget_line(session.settings.model, session.settings, session.usage().effective))
 
     def _mfs_ledger(self, rest: list[str]) -> None:
         from ..ui.data import ledger_data

@@ -81,6 +81,7 @@ class SessionBase:
     _last_prefix_ratio: float | None
     _last_provider_usage: dict[str, int] | None
     _last_tier: str
+    _over_fill: str | None
     _injected_llm: ChatModel | None
     _llm: ChatModel | None
     _summarizer: ChatModel | None

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from .. import clearing, lang
+from .. import budget, clearing, lang
 from ..clearing import Clearing
 from ..errors import PromptTooLong
 from ..events import now_iso
@@ -55,6 +55,13 @@ class CallPlanner(Projection):
                     view, usage, cleared = self._clear_tool_results(view, usage, min_gain=0.0)
                     notices += cleared
         notices += self._act_on_tier(usage)
+        over = budget.over_fill(self.plan(), view.layers)
+        if over != self._over_fill:  # once per change: no compaction can bring such a payload to the fill
+            self._over_fill = over
+            if over:
+                notices.append(over)
+                self._log("over_fill", tokens=usage.tokens, target=self.plan().target, detail=over,
+                          layers={x.kind: x.tokens for x in view.layers if x.kind in budget.LAYERS})
         entry = {"call": (self.history[-1]["call"] + 1) if self.history else 1, "turn": self.turn,
                  "tokens": usage.tokens, "tier": usage.tier, "acted": bool(notices), "at": now_iso()}
         self.history.append(entry)

@@ -105,6 +105,7 @@ class Session(Memory):
         self._last_prefix_ratio: float | None = None
         self._last_provider_usage: dict[str, int] | None = None
         self._last_tier = "ok"
+        self._over_fill: str | None = None  # the last notice that the standing layers pass the fill
         self.last_plan: CallPlan | None = None
         self._injected_llm = llm
         self._llm: ChatModel | None = llm
