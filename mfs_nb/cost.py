@@ -139,7 +139,7 @@ def budget_line(model: str, settings: Any, effective: int, priced: bool = True) 
     cache and all uncached. `priced=False`: no prices (the cost map is not loaded for a status line)."""
     from .budget import fill_share
 
-    fill = fill_share(settings)
+    fill = fill_share(settings, effective)
     mid = int((fill + settings.warn_at) / 2 * effective)
     label = f"fill {fill:.0%}" if getattr(settings, "fill", 0) else f"{settings.budget} ({fill:.0%})"
     line = (f"budget {label}: a compaction ends at {int(fill * effective):,} tokens of {effective:,} usable, the warn "

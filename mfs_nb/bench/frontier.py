@@ -31,8 +31,10 @@ from typing import Any
 from .. import budget
 from ..replay import normalise, replay
 from ..tokens import message_tokens
+from ..usage import ContextProfile
 from . import atoms, baselines, cost, onestep
 from .data import Data, to_openai
+from .sidebyside import Counter, prefix_ratio
 
 NAME = "frontier"
 NEEDS = ("locomo", "claude_code_sessions")
@@ -71,11 +73,22 @@ def _mfs(messages: list[dict[str, Any]], window: int, fill: str, questions: Sequ
             if other_shown is not None:
                 out["search_other"][q] = page(session, q, {i + 1 for i in other_shown})
 
-    replay(normalise(messages), window=window, on_call=on_call, keep=keep, budget=fill, embedding_model="off")
+    report = replay(normalise(messages), window=window, on_call=on_call, keep=keep, budget=fill, embedding_model="off")
     out["payloads"], out["marks"] = payloads, [cost._marks(p, u) for p, u in zip(payloads, uids)]
+    out["ends"], out["tail_share"] = _ends(report, window)
     out["final"] = payloads[-1] if payloads else []
     out["shown"] = {u - 1 for u in out.pop("shown_uids", set())}
     return out
+
+
+def _ends(report: dict[str, Any], window: int) -> tuple[list[float], float]:
+    """Where each compaction of a replay ended (its ledger's `tokens_after`, a share of the usable window)
+    and the raw tail's share of the final payload (its layers as the payload sends them)."""
+    effective = ContextProfile(window).effective
+    ends = [r["tokens_after"] / effective for r in report["ledger"] if r.get("kind") == "compaction"]
+    layers = report["final_view"]["layers"]
+    total = sum(x["tokens"] for x in layers)
+    return ends, sum(x["tokens"] for x in layers if x["kind"] == "raw") / max(total, 1)
 
 
 def _baseline(name: str, messages: list[dict[str, Any]], window: int) -> dict[str, Any]:
@@ -134,6 +147,7 @@ def run(data: Data, quick: bool, **_: Any) -> dict[str, Any]:
     coding = coding[:1] if quick else coding
     out_chat = sum(message_tokens(m) for m in chat if m["role"] == "assistant")
     rows: list[list[Any]] = []
+    end_rows: list[list[Any]] = []
     points: dict[int, dict[str, tuple[float, float, float, float]]] = {}
     metrics: dict[str, Any] = {}
     for window in windows:
@@ -155,12 +169,26 @@ def run(data: Data, quick: bool, **_: Any) -> dict[str, Any]:
             code_dollars = statistics.fmean(
                 _dollars(x, sum(message_tokens(m) for m in msgs if m["role"] == "assistant"), prices)
                 for x, msgs in zip(runs, coding))
-            working = statistics.fmean(_working(x, msgs) for x, msgs in zip(runs, coding))
+            each = [_working(x, msgs) for x, msgs in zip(runs, coding)]
+            working = statistics.fmean(each)
             points[window][strategy] = (chat_dollars, answers, code_dollars, working)
             metrics[f"{window}/{strategy}"] = {"chat_dollars": round(chat_dollars, 4), "answers": round(answers, 4),
-                                               "coding_dollars": round(code_dollars, 4), "working": round(working, 4)}
+                                               "coding_dollars": round(code_dollars, 4), "working": round(working, 4),
+                                               "working_min": round(min(each), 4)}
             rows.append([f"{window // 1024}k", strategy, f"${chat_dollars:.2f}", f"{answers:.1%}",
-                         f"${code_dollars:.2f}", f"{working:.1%}"])
+                         f"${code_dollars:.2f}", f"{working:.1%}", f"{min(each):.1%}"])
+            if strategy.startswith("mfs_nb"):
+                ends = [e for x in runs for e in x["ends"]]
+                tail = min(x["tail_share"] for x in runs)
+                count = Counter()
+                prefix = [prefix_ratio(x["payloads"], [False] * len(x["payloads"]), count) or 0.0 for x in (r, *runs)]
+                metrics[f"{window}/{strategy}"].update(
+                    {"coding_end_min": round(min(ends), 4) if ends else None, "coding_tail_min": round(tail, 4),
+                     "prefix_chat": round(prefix[0], 5), "prefix_coding_min": round(min(prefix[1:]), 5)})
+                end_rows.append([f"{window // 1024}k", strategy, len(ends),
+                                 f"{min(ends):.0%}" if ends else "—",
+                                 f"{statistics.median(ends):.0%}" if ends else "—", f"{tail:.0%}",
+                                 f"{prefix[0]:.2%}", f"{min(prefix[1:]):.2%}"])
     plots = [_plot(window, pts) for window, pts in points.items()] if not quick else []
     if not quick and coding:
         plots.append(_payload_figure(coding[0]))
@@ -170,8 +198,16 @@ def run(data: Data, quick: bool, **_: Any) -> dict[str, Any]:
                                "questions answered within one step; mean dollars per shared coding session and the "
                                "working-set paths and commands of its older two thirds in the final payload",
                     "columns": ["window", "strategy", "LoCoMo ×6 $", "answers within one step", "coding $ (mean)",
-                                "working set, older two thirds (mean)"],
-                    "rows": rows}],
+                                "working set, older two thirds (mean)", "working set (lowest session)"],
+                    "rows": rows},
+                   {"caption": "Where mfs_nb's compactions end on the shared coding sessions (each compaction's "
+                               "ledger row, a share of the usable window) and the raw tail's share of the final "
+                               "payload (lowest of the sessions); the prefix ratio over all calls "
+                               "(`sidebyside.prefix_ratio`, the harness's reading of the payloads)",
+                    "columns": ["window", "strategy", "compactions", "lowest end", "median end",
+                                "raw tail of the final payload (lowest)", "prefix ratio, all calls, LoCoMo ×6",
+                                "prefix ratio, all calls, coding (lowest)"],
+                    "rows": end_rows}],
         "notes": [f"fills: {', '.join(f'{k} {v:.0%}' for k, v in budget.FILLS.items())} of the usable window (the "
                   "`budget` setting); dollars under Anthropic's caching rules at "
                   f"{cost.MODELS['Anthropic']}'s prices (`bench cost`), summarizer and replies included",
@@ -228,17 +264,16 @@ def _payload_figure(messages: list[dict[str, Any]]) -> str | None:
         return None
     from ..clearing import HEADROOM
     from ..settings import Settings
-    from ..usage import ContextProfile
 
     fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
     for ax, window in zip(axes, WINDOWS):
         shares: list[float] = []
         effective = ContextProfile(window).effective
         replay(normalise(messages), window=window,
-               on_call=lambda session, plan: shares.append(plan.usage.tokens / plan.usage.effective))
+               on_call=lambda session, plan, shares=shares: shares.append(plan.usage.tokens / plan.usage.effective))
         ax.plot(range(1, len(shares) + 1), shares, lw=1, label="payload")
         warn = Settings().warn_at
-        fill = budget.FILLS["balanced"]
+        fill = budget.fill_share(Settings(), effective)
         lines = [(fill, "--", "planned fill (balanced)"), (warn - HEADROOM, ":", "a clearing's target"),
                  (warn, "-.", "warn line")]
         if abs(fill - (warn - HEADROOM)) < 0.01:  # one line, one label

@@ -126,12 +126,56 @@ def _against(column: str, window: str) -> Callable[[Tables], str]:
     return read
 
 
+def _frontier(tables: Tables, window: str, strategy: str, column: str, caption: str = "Per window") -> str | None:
+    """One cell of the frontier suite's tables: `column` of `strategy`'s row at `window`."""
+    cols, rows = _rows(tables, caption, window=window, strategy=strategy)
+    return rows[-1][cols.index(column)] if rows and column in cols else None
+
+
+def _money(text: str | None) -> float | None:
+    try:
+        return float(str(text).lstrip("$").replace(",", ""))
+    except ValueError:
+        return None
+
+
+def _matched_answers(tables: Tables) -> str:
+    """At 32k, mfs_nb's answers within one step at the fill whose LoCoMo dollars are nearest compact-90's
+    (within 5 % or not, said), against compact-90 + search's."""
+    theirs = _money(_frontier(tables, "32k", "compact-90", "LoCoMo ×6 $"))
+    searched = _frontier(tables, "32k", "compact-90 + search", "answers within one step")
+    fills = [(name, _money(_frontier(tables, "32k", name, "LoCoMo ×6 $")),
+              _frontier(tables, "32k", name, "answers within one step"))
+             for name in ("mfs_nb lean", "mfs_nb balanced", "mfs_nb rich")]
+    fills = [(n, d, a) for n, d, a in fills if d is not None and a is not None]
+    if not theirs or not fills or searched is None:
+        return "—"
+    name, dollars, answers = min(fills, key=lambda f: abs(f[1] - theirs))
+    within = "within 5 %" if abs(dollars - theirs) <= 0.05 * theirs else f"{dollars / theirs - 1:+.0%} of its dollars"
+    return f"{answers} ({name.split()[-1]}, {within}) vs {searched}"
+
+
+def _frontier_pair(window: str, column: str, caption: str = "Per window",
+                   strategies: tuple[str, str] = ("mfs_nb balanced", "compact-90")) -> Callable[[Tables], str]:
+    def read(tables: Tables) -> str:
+        out = [_frontier(tables, window, x, column, caption) for x in strategies]
+        return " vs ".join(x for x in out if x) if all(out) else "—"
+    return read
+
+
+def _frontier_cells(column: str, windows: tuple[str, ...], caption: str) -> Callable[[Tables], str]:
+    def read(tables: Tables) -> str:
+        out = [_frontier(tables, w, "mfs_nb balanced", column, caption) for w in windows]
+        return " / ".join(f"{x} ({w})" for x, w in zip(out, windows) if x) or "—"
+    return read
+
+
 HEADLINES: dict[str, list[Headline]] = {
     "budget": [
         Headline("prefix-cache ratio over all calls, LoCoMo ×6 as one session at 32k, mfs_nb vs compact-at-90 %",
-                 "≥ 99 % and ≥ compact-90 (issue 43)", _against("prefix ratio, all calls", "32k")),
+                 "≥ 99 % (issue 67 withdrew ≥ compact-90)", _against("prefix ratio, all calls", "32k")),
         Headline("summarizer tokens per 100k tokens of new content, same run, mfs_nb vs compact-at-90 %",
-                 "≤ compact-90 (issue 43)", _against("summarizer tokens (in + out)", "32k")),
+                 "— (issue 67 withdrew ≤ compact-90)", _against("summarizer tokens (in + out)", "32k")),
         Headline("LoCoMo answers in the final payload at 16k, mfs_nb vs truncation to the same size",
                  "≥ truncation (issue 43)",
                  lambda t: " vs ".join(cell("At 16k", c)(t) for c in ("mfs_nb", "truncate (same size)"))),
