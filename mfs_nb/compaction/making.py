@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 from .state import CompactorState
 
+BREAKER_OPENED = (f"automatic LLM compaction stopped after {limits.BREAKER} failures in a row; history is kept with "
+                  "zero-LLM segments. Fix the model, then %compact, or start over with %mfs new NAME")
+
 
 class SegmentMaking(CompactorState):
     """The summarizer's side of the compactor."""
@@ -112,8 +115,7 @@ class SegmentMaking(CompactorState):
         events = [e for e in self.host.events() if old.uid_from <= e.uid <= old.uid_to]
         prose, info = self.summarize(events, effective)
         if prose is None:  # the breaker may open on this try: its one notice is said here, else never
-            opened = self._breaker_note({"breaker": self.breaker.failed()})
-            return opened[0] if opened else None
+            return BREAKER_OPENED if self.breaker.failed() else None
         self.breaker.succeeded()
         new = seg.build(old.id, events, prose, self.plan(effective).block)
         if new.tokens >= old.tokens or new.covered_hash != old.covered_hash:
@@ -189,14 +191,6 @@ class SegmentMaking(CompactorState):
             text += "; the context is still over the usable window, and nothing older is left to take out"
         return text
 
-    @staticmethod
-    def _breaker_note(info: dict[str, Any]) -> list[str]:
-        """The notice that the breaker opened with this attempt (once), whatever became of its segment."""
-        if not info.get("breaker"):
-            return []
-        return ["automatic LLM compaction stopped after 3 failures in a row; history is kept with zero-LLM "
-                "segments. Fix the model, then %compact, or start over with %mfs new NAME"]
-
     def _notes(self, segment: Segment, info: dict[str, Any], tier: str) -> list[str]:
         """Ledger rows and notices for a degraded segment and for the breaker opening (once)."""
         if not segment.degraded:
@@ -204,7 +198,7 @@ class SegmentMaking(CompactorState):
         self.host.log("degraded", tier=tier, seq=segment.id, error=info.get("error", ""), uid_from=segment.uid_from,
                     uid_to=segment.uid_to)
         if info.get("breaker"):
-            return self._breaker_note(info)
+            return [BREAKER_OPENED]
         if self.breaker.open:
             return []
         return [f"summarizer unavailable ({_short(info.get('error', ''))}); segment #{segment.id} keeps verbatim "
