@@ -16,6 +16,7 @@ lock so concurrent calls see one consistent state.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import threading
@@ -460,6 +461,29 @@ def model_window(model: str) -> int | None:
         return None
     value = info.get("max_input_tokens") or info.get("max_tokens")
     return int(value) if value else None
+
+
+def unknown_model(model: str, api_base: str = "") -> str | None:
+    """Why litellm could not route `model` (its own provider lookup, the one `completion` makes), with the
+    nearest provider it knows when the prefix is a near miss; None when it can."""
+    if is_offline(model):
+        return None
+    litellm = litellm_module()
+    try:
+        litellm.get_llm_provider(model, api_base=api_base or None)
+        return None
+    except Exception:
+        pass
+    prefix, _, rest = model.partition("/")
+    providers = sorted({str(getattr(p, "value", p)) for p in litellm.provider_list})
+    near = difflib.get_close_matches(prefix, providers, n=1, cutoff=0.6) if rest else []
+    if near:
+        return f"model {model!r}: litellm knows no provider {prefix!r}; did you mean {near[0]}/{rest}?"
+    if rest:
+        return (f"model {model!r}: litellm knows no provider {prefix!r}; name one it knows, e.g. openai/{rest} "
+                "(https://docs.litellm.ai/docs/providers)")
+    return (f"model {model!r}: litellm cannot tell its provider; name it, e.g. openai/{model} "
+            + ("for an OpenAI-compatible server at api_base" if api_base else "or anthropic/" + model))
 
 
 def missing_key(model: str, api_base: str = "") -> str | None:

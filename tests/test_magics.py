@@ -76,7 +76,7 @@ def test_sessions_new_use_and_config(ip, capsys):
     (("cell", "chat", "", "   "), "empty"),
     (("cell", "chat", "", "x" * 5_000_000), "--doc PATH"),
     (("line", "recall", "abc"), "expected a uid"),
-    (("cell", "chat", "--bogus", "hello"), "unrecognized arguments"),
+    (("cell", "chat", "--bogus", "hello"), "unknown option --bogus; known: --session"),
     (("line", "recall", "9-3"), "reversed"),
     (("line", "recall", "500"), "no events"),
     (("line", "mfs", "config window_tokens=lots"), "whole number"),
@@ -212,3 +212,24 @@ def test_settings_follow_the_person_across_new_use_fork_and_restart(ip, capsys):
     assert current(ip).settings.model == "openai/own-model"  # kept as its own across the restart
     ip.run_line_magic("mfs", "new 'bad name'")
     assert "invalid" in capsys.readouterr().err and current(ip).name == "default"
+
+
+def test_a_mistyped_model_or_flag_is_caught_where_it_is_made(ip, capsys):
+    """Issue 71: a provider typo is refused by `%mfs config` with the near miss, not accepted and then
+    failed by litellm on the next call; a mistyped flag names the flag it was probably meant to be."""
+    ip.run_line_magic("mfs", "config model=opnai/gpt-4o-mini")
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("mfs: ") and "did you mean openai/gpt-4o-mini?" in err, err
+    magics = ip.magics_manager.registry["MfsMagics"]
+    assert magics.get_session().settings.model == "mfs-offline/default"  # nothing changed
+    ip.run_line_magic("mfs", "config model=openai/gpt-4o-mini")
+    assert "every session of this notebook" in capsys.readouterr().out
+    ip.run_cell("%config MfsMagics.model = 'antropic/claude-3-5-haiku'")
+    assert magics.model != "antropic/claude-3-5-haiku"
+    ip.run_cell_magic("chat", "--sesion x", "hello")
+    err = capsys.readouterr().err
+    assert err.strip() == "mfs: %%chat: unknown option --sesion; did you mean --session?", err
+    ip.run_line_magic("compact", "--peview")
+    assert "did you mean --preview?" in capsys.readouterr().err
+    ip.run_cell_magic("chat", "--zzz", "hello")
+    assert "known: --session, --model" in capsys.readouterr().err

@@ -66,8 +66,8 @@ class MfsCommands(NotebookChoices):
         """%mfs doctor [--repair]: check the store (tables, content hashes, missing uids)."""
         from ..doctor import doctor
 
-        if any(w != "--repair" for w in rest):
-            raise InputError("%mfs doctor takes only --repair")
+        if bad := [w for w in rest if w != "--repair"]:
+            raise InputError(f"%mfs doctor takes only --repair, not {bad[0]}; use %mfs doctor or %mfs doctor --repair")
         store = self._store.uri if self._store is not None else (self.store or None)
         lines, _ = doctor(store, "--repair" in rest)
         print("\n".join(lines))
@@ -192,7 +192,7 @@ class MfsCommands(NotebookChoices):
         from .. import snapshots
 
         if rest not in ([], ["--dry-run"]):
-            raise InputError("%mfs gc [--dry-run]")
+            raise InputError(f"%mfs gc: unexpected {' '.join(rest)!r}; use %mfs gc or %mfs gc --dry-run")
         dry = rest == ["--dry-run"]
         live = [e.content for s in self._sessions.values() for e in s.events if snapshots.DIR in e.content]
         gone = snapshots.garbage(self._get_store(), live, ["."], dry_run=dry)

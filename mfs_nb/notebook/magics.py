@@ -9,11 +9,12 @@ value is validated before it is applied.
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 import shlex
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class, no_var_expand
@@ -31,9 +32,19 @@ _TEMPLATE = re.compile(r"\{\{|\}\}|\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _RANGE = re.compile(r"^\s*#?(\d+)\s*(?:(?:-|–|\.\.|\s)\s*#?(\d+))?\s*$")
 
 
+def nearest_flag(word: str, flags: Sequence[str]) -> str:
+    """'; did you mean --x?' for the flag nearest a mistyped `word`, or '; known: …' when none is near."""
+    near = difflib.get_close_matches(word, [f for f in flags if f.startswith("--")], n=1, cutoff=0.6)
+    return f"; did you mean {near[0]}?" if near else "; known: " + ", ".join(f for f in flags if f.startswith("--"))
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse would exit the kernel
-        raise InputError(f"{self.prog}: {message}")
+        flags = list(self._option_string_actions)
+        unknown = [w for w in message.partition("unrecognized arguments:")[2].split() if w.startswith("-")]
+        if unknown:
+            raise InputError(f"{self.prog}: unknown option {unknown[0]}{nearest_flag(unknown[0], flags)}")
+        raise InputError(f"{self.prog}: {message}; options: {', '.join(f for f in flags if f.startswith('--'))}")
 
 
 def _chat_parser() -> _Parser:
@@ -120,6 +131,10 @@ class MfsMagics(MfsCommands, Magics, Configurable):
         value = proposal["value"].strip()
         if value:
             self._check(model=value)
+            from ..llm import unknown_model
+
+            if why := unknown_model(value, self._person.get("api_base", "")):
+                raise TraitError(why)
         return value
 
     @validate("window_tokens")
@@ -263,7 +278,8 @@ class MfsMagics(MfsCommands, Magics, Configurable):
                 print(session.usage().status_line())
                 return
             if words and words[0].startswith("--"):
-                raise InputError(f"%compact: unknown option {words[0]}; use %compact [focus], "
+                hint = nearest_flag(words[0].split()[0], ["--preview", "--undo"])
+                raise InputError(f"%compact: unknown option {words[0].split()[0]}{hint}; use %compact [focus], "
                                  "%compact --preview [focus] or %compact --undo")
             with Progress(self.shell, "organizing context…"):
                 notices = session.compact(line.strip())

@@ -18,7 +18,7 @@ from ..index import Indexer
 from ..knowledge import (
     KnowledgeSlot,
 )
-from ..llm import LLM, default_endpoints, is_offline
+from ..llm import LLM, default_endpoints, is_offline, unknown_model
 from ..meter import Meter
 from ..quiet import Quiet
 from ..settings import Settings
@@ -44,6 +44,13 @@ from .parts import (
     _window_for,
     system_prompt,
 )
+
+
+def _check_models(new: Settings, values: dict[str, Any]) -> None:
+    """A model named in `values` that litellm cannot route is refused where it is set, not on the next call."""
+    for key, base in (("model", new.api_base), ("fallback_model", new.fallback_base_url)):
+        if key in values and getattr(new, key) and (why := unknown_model(getattr(new, key), base)):
+            raise ConfigError(why)
 
 
 class SessionBase:
@@ -137,6 +144,7 @@ class SessionBase:
         session keeps these values whatever the notebook later sets for every session (`overrides`)."""
         with self._lock:
             new = self.settings.with_values(**values)
+            _check_models(new, values)
             window = _window_for(new)
             self._check_overhead(_profile(window, new), new)
             self.settings, self._window = new, window
