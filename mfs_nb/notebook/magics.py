@@ -34,17 +34,16 @@ _RANGE = re.compile(r"^\s*#?(\d+)\s*(?:(?:-|–|\.\.|\s)\s*#?(\d+))?\s*$")
 
 def nearest_flag(word: str, flags: Sequence[str]) -> str:
     """'; did you mean --x?' for the flag nearest a mistyped `word`, or '; known: …' when none is near."""
-    near = difflib.get_close_matches(word, [f for f in flags if f.startswith("--")], n=1, cutoff=0.6)
-    return f"; did you mean {near[0]}?" if near else "; known: " + ", ".join(f for f in flags if f.startswith("--"))
+    long = [f for f in flags if f.startswith("--")]
+    near = difflib.get_close_matches(word, long, n=1, cutoff=0.6)
+    return f"; did you mean {near[0]}?" if near else "; known: " + ", ".join(long)
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> Any:  # argparse would exit the kernel
-        flags = list(self._option_string_actions)
         unknown = [w for w in message.partition("unrecognized arguments:")[2].split() if w.startswith("-")]
-        if unknown:
-            raise InputError(f"{self.prog}: unknown option {unknown[0]}{nearest_flag(unknown[0], flags)}")
-        raise InputError(f"{self.prog}: {message}; options: {', '.join(f for f in flags if f.startswith('--'))}")
+        what = f"unknown option {unknown[0]}" if unknown else message
+        raise InputError(f"{self.prog}: {what}{nearest_flag(unknown[0] if unknown else '', list(self._option_string_actions))}")
 
 
 def _chat_parser() -> _Parser:
@@ -278,8 +277,8 @@ class MfsMagics(MfsCommands, Magics, Configurable):
                 print(session.usage().status_line())
                 return
             if words and words[0].startswith("--"):
-                hint = nearest_flag(words[0].split()[0], ["--preview", "--undo"])
-                raise InputError(f"%compact: unknown option {words[0].split()[0]}{hint}; use %compact [focus], "
+                hint = nearest_flag(words[0], ["--preview", "--undo"])
+                raise InputError(f"%compact: unknown option {words[0]}{hint}; use %compact [focus], "
                                  "%compact --preview [focus] or %compact --undo")
             with Progress(self.shell, "organizing context…"):
                 notices = session.compact(line.strip())

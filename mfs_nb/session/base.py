@@ -142,9 +142,9 @@ class SessionBase:
     def configure(self, *, own: bool = False, **values: Any) -> Settings:
         """Validate and apply settings; on any error nothing changes. Saved with the session. `own`: this
         session keeps these values whatever the notebook later sets for every session (`overrides`)."""
+        _check_models(self.settings.with_values(**values), values)  # may import litellm: not under the lock
         with self._lock:
             new = self.settings.with_values(**values)
-            _check_models(new, values)
             window = _window_for(new)
             self._check_overhead(_profile(window, new), new)
             self.settings, self._window = new, window
