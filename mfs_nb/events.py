@@ -157,6 +157,51 @@ def after(events: Sequence[Event], uid: int) -> Sequence[Event]:
     return events[bisect_right(events, uid, key=_uid):]
 
 
+class Retries:
+    """Turns that got no reply (the call failed or was stopped) and were asked again at once, word for word.
+
+    Each of their events maps to the uid of the question asked again: what the model is sent leaves them out,
+    so the retry takes the failed turn's place; the log keeps both, and a recall marks the first. A notebook
+    cell record (a tool result no call asked for) in between stays in the payload. Read incrementally, like
+    `after`: each call looks at the events added since the last one."""
+
+    def __init__(self) -> None:
+        self._reset()
+
+    def _reset(self) -> None:
+        self.found: dict[int, int] = {}
+        self._seen = 0  # events read so far
+        self._last_uid = 0
+        self._start: int | None = None  # index of the last user message that opened a turn
+
+    def of(self, events: Sequence[Event]) -> dict[int, int]:
+        if self._seen > len(events) or (self._seen and events[self._seen - 1].uid != self._last_uid):
+            self._reset()  # another log than the one read: read it again
+        for i in range(self._seen, len(events)):
+            e = events[i]
+            if e.role != "user" or not e.turn_start:
+                continue
+            start = self._start
+            if start is not None and e.content == events[start].content and not _answered(events[start:i]):
+                for x in events[start:i]:
+                    if not _cell_record(x):
+                        self.found[x.uid] = e.uid
+            self._start = i
+        if events:
+            self._seen, self._last_uid = len(events), events[-1].uid
+        return self.found
+
+
+def _cell_record(event: Event) -> bool:
+    return event.role == "tool" and not event.tool_call_id
+
+
+def _answered(turn: Sequence[Event]) -> bool:
+    """A turn ends answered when its last event (less cell records) is the model's reply, not a tool round."""
+    last = next((e for e in reversed(turn) if not _cell_record(e)), None)
+    return last is not None and last.role == "assistant" and not last.tool_calls
+
+
 def replies_before(events: Sequence[Event], uid: int, n: int) -> list[tuple[int, str]]:
     """(uid, content) of the last `n` non-empty assistant messages before `uid`, oldest first."""
     out: list[tuple[int, str]] = []

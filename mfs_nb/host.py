@@ -9,7 +9,7 @@ front ends (magics and their warm-up, CLI, replay, demo, the benchmarks) import 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -50,3 +50,4 @@ class Host:
     busy: Callable[[], bool] = lambda: False  # a turn is running (background work yields to it)
     turn_ended: Callable[[], float] = lambda: 0.0  # when the last turn ended (time.monotonic; 0 before any)
     miss_weight: Callable[[], float | None] = _nothing  # a cache miss's price per token freed (`cost.miss_weight`)
+    retried: Callable[[], Collection[int]] = lambda: ()  # events of failed turns asked again (`events.Retries`)

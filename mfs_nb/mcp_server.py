@@ -173,7 +173,7 @@ class Memory:
     def recall_history(self, session: Any, uid_from: Any, uid_to: Any = None) -> str:
         s = self.session(session)
         events = s.recall(*parse_range(uid_from, uid_to))
-        return redact(format_events(events, memory_result_chars(s.profile().effective)))
+        return redact(format_events(events, memory_result_chars(s.profile().effective), s.retried()))
 
     def context(self, session: Any, page: Any = 1) -> str:
         s = self.session(session)

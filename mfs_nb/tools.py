@@ -8,7 +8,7 @@ gives a one-line error result and the turn goes on.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,9 +121,12 @@ def format_hits(results: Any, max_chars: int = MAX_RESULT_CHARS) -> str:
     return "\n".join(lines)
 
 
-def format_events(events: Sequence[Event], max_chars: int = MAX_RESULT_CHARS) -> str:
-    """Events as readable text for the model: a header line per event, then its exact content."""
+def format_events(events: Sequence[Event], max_chars: int = MAX_RESULT_CHARS,
+                  retried: Mapping[int, int] | None = None) -> str:
+    """Events as readable text for the model: a header line per event, then its exact content. An event
+    of a turn that failed and was asked again (`retried`: uid → the retry's uid) says so in its header."""
     parts: list[str] = []
+    retried = retried or {}
     used = 0
     for i, event in enumerate(events):
         head = f"[#{event.uid} {event.role}"
@@ -131,7 +134,10 @@ def format_events(events: Sequence[Event], max_chars: int = MAX_RESULT_CHARS) ->
             head += f" · {event.origin}"
         if event.name:
             head += f" · {event.name}"
-        head += f" · turn {event.turn}]"
+        head += f" · turn {event.turn}"
+        if event.uid in retried:
+            head += f" · {retry_mark(retried[event.uid])}"
+        head += "]"
         body = event.content
         if event.tool_calls:
             calls = "; ".join(
@@ -149,6 +155,11 @@ def format_events(events: Sequence[Event], max_chars: int = MAX_RESULT_CHARS) ->
         parts.append(block)
         used += len(block)
     return "\n\n".join(parts)
+
+
+def retry_mark(uid: int) -> str:
+    """The mark of an event whose turn failed and was asked again as `uid`."""
+    return f"failed, asked again as #{uid}"
 
 
 def parse_range(uid_from: Any, uid_to: Any = None) -> tuple[int, int]:

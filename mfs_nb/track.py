@@ -326,7 +326,8 @@ class VerbatimTrack:
             self.classify_pending(upto)
             from .lang import header_language
 
-            users = [e for e in self.host.events() if e.role == "user" and e.uid <= upto]
+            retried = self.host.retried()  # a question asked again is shown once, as the retry
+            users = [e for e in self.host.events() if e.role == "user" and e.uid <= upto and e.uid not in retried]
             language = header_language(users)
             entries = [(e.uid, origin.render_entry(e.uid, self.verdicts[e.uid], language)) for e in users
                        if e.uid in self.verdicts]

@@ -13,7 +13,7 @@ placeholder result; a result whose call is not in the payload is sent as a label
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -193,9 +193,11 @@ def project(
     track: Any = None,
     fact_track: Any = None,
     knowledge: str | None = None,
+    retried: Collection[int] = (),
 ) -> SendView:
     """The send view: system, the knowledge slot, the note for evicted segment maps, the segment block (oldest first),
-    the user-verbatim track, then every event not covered, raw, with S2 applied."""
+    the user-verbatim track, then every event not covered, raw, with S2 applied. The events of `retried` (turns
+    that failed and were asked again at once, `events.Retries`) are left out: the retry takes their place."""
     def count(msg: dict[str, Any], uid: int | None, form: str) -> int:
         return count_message(msg, uid, form) if count_message else message_tokens(msg)
 
@@ -246,6 +248,8 @@ def project(
         layers.append(Layer("verbatim", track.kept[0] if track.kept else None, track.upto,
                             count(msg, None, forms[-1]), messages=1))
     raw = list(after(events, covered_to))
+    if retried:
+        raw = [e for e in raw if e.uid not in retried]
     items, stats = cache.project(raw, clearing) if cache is not None else apply(pair_tool_messages(raw), clearing)
     if items:
         tokens = 0

@@ -149,6 +149,49 @@ def test_llm_failure_keeps_the_message_and_session_usable(store_dir):
     assert [e.content for e in s.events if e.role == "user"] == ["please answer", "try again"]
 
 
+def test_a_failed_turn_asked_again_is_sent_once_and_kept_marked(store_dir):
+    """Issue 71, item 2: the retry of the same text right after a failure takes the failed turn's place in
+    what the model is sent; the log keeps both, the first marked; another question after a failure does not."""
+    from mfs_nb.ui.data import recall_text
+
+    fake = FakeLLM(script=["the pool has 12 workers", LLMError("primary endpoint failed: HTTP 503"), "it is 32"])
+    s = Session("retry", store=store_dir, llm=fake)
+    s.chat("how many workers?")
+    with pytest.raises(LLMError):
+        s.chat("what is pool_size?")
+    s.chat("what is pool_size?")
+    sent = [m["content"] for m in without_budget_note(fake.received[-1])[1:]]
+    assert sent == ["how many workers?", "the pool has 12 workers", "what is pool_size?"]
+    assert [(e.uid, e.role, e.content) for e in s.events[2:]] == [
+        (3, "user", "what is pool_size?"), (4, "user", "what is pool_size?"), (5, "assistant", "it is 32")]
+    assert s.retried() == {3: 4}
+    assert "[#3 user · turn 2 · failed, asked again as #4]" in recall_text(s.recall(3, 4), s.retried())
+    assert "[#4 user · turn 3]" in recall_text(s.recall(3, 4), s.retried())
+    assert "failed, asked again as #4" in s._recall_tool(3)  # the model's own recall says so too
+    assert s.coverage()["lost"] == 0 and s.coverage()["asked_again"] == 1
+    # a restart reads the same from the log alone
+    again = Session("retry", store=store_dir, llm=FakeLLM())
+    assert [m["content"] for m in again.send_view().messages[1:]] == sent + ["it is 32"]
+
+    # a failure inside a tool round: the whole unanswered turn gives way; a cell record in between stays
+    fake.script = [tool_call("recall_history", {"uid_from": 1}), LLMError("timeout"), "done"]
+    with pytest.raises(LLMError):
+        s.chat("check uid 1")
+    s.record("tool", "[notebook] In [3]: x = 1", name="notebook")
+    s.chat("check uid 1")
+    sent = [m.get("content") for m in without_budget_note(fake.received[-1])]
+    assert sent.count("check uid 1") == 1 and not any(m.get("tool_calls") for m in fake.received[-1])
+    assert any("x = 1" in (c or "") for c in sent)
+
+    # another question after a failure: the failed one stays, nothing is left out
+    fake.script = [LLMError("HTTP 500"), "fine"]
+    with pytest.raises(LLMError):
+        s.chat("first question")
+    s.chat("a different question")
+    sent = [m.get("content") for m in without_budget_note(fake.received[-1])]
+    assert "first question" in sent and sent[-1] == "a different question"
+
+
 def test_invalid_config_keeps_old_value_and_is_not_saved(store_dir):
     s = Session("c", store=store_dir, llm=FakeLLM())
     s.configure(window_tokens="32k")

@@ -299,13 +299,15 @@ class MfsMagics(MfsCommands, Magics, Configurable):
             return
         try:
             a, b = parse_uid_range(line)
-            events = self.get_session().recall(a, b)
+            session = self.get_session()
+            events = session.recall(a, b)
         except MfsError as exc:
             _error(exc)
             return
         from ..ui.data import recall_html, recall_text
 
-        display(Rich(recall_text(events), recall_html(events)))
+        retried = session.retried()
+        display(Rich(recall_text(events, retried), recall_html(events, retried)))
 
     def _recall_search(self, line: str) -> None:
         """%recall "free text" [--k K]: hybrid search of the session, shown as static output like
@@ -330,7 +332,7 @@ class MfsMagics(MfsCommands, Magics, Configurable):
         except MfsError as exc:
             _error(exc)
             return
-        view = RecallView(data=data, recall=lambda uid: recall_data(session.recall(uid))["events"])
+        view = RecallView(data=data, recall=lambda uid: recall_data(session.recall(uid), session.retried())["events"])
         display(Rich(view.text(), view.html()))  # static: readable in a reopened notebook
 
     # -- %context ------------------------------------------------------------------------
@@ -348,7 +350,7 @@ class MfsMagics(MfsCommands, Magics, Configurable):
             return
 
         def recall(uid: Any) -> list[dict[str, Any]]:
-            return recall_data(session.recall(uid))["events"]
+            return recall_data(session.recall(uid), session.retried())["events"]
 
         view = ContextView(recall=recall, data=data)
         if has_frontend(self.shell):

@@ -13,7 +13,7 @@ from typing import Any
 from .. import budget, lang
 from ..compaction import Compactor
 from ..errors import ConfigError, StoreError
-from ..events import Event, clean_text, now_iso
+from ..events import Event, Retries, clean_text, now_iso
 from ..index import Indexer
 from ..knowledge import (
     KnowledgeSlot,
@@ -101,6 +101,7 @@ class SessionBase:
     _raw_cache: RawCache
     _shown: set[int] | None  # in a turn's tool calls: the uids the model was sent whole
     _fact_cache: tuple[Any, FactTrack | None] | None
+    _retries: Retries  # turns that failed and were asked again at once (`retried`)
 
 
     def _check_log_intact(self) -> None:

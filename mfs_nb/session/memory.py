@@ -74,7 +74,7 @@ class Memory(Intake):
 
     def _recall_tool(self, uid_from: Any, uid_to: Any = None) -> str:
         events = self.recall(uid_from, uid_to)
-        return format_events(events, memory_result_chars(self.profile().effective))
+        return format_events(events, memory_result_chars(self.profile().effective), self.retried())
 
     def search(self, query: Any, k: Any = 10, *, role: str | Sequence[str] | None = None,
                uid_from: int | None = None, uid_to: int | None = None, neighbours: int = 0,

@@ -38,7 +38,13 @@ class Projection(SessionBase):
         track = self.track()
         return project(self._events, self._system(), self._count, state, self.compactor.segments,
                        self.compactor.evicted, cache, track, self.fact_track(track, state),
-                       self.knowledge.text() if self.settings.knowledge_share else None)
+                       self.knowledge.text() if self.settings.knowledge_share else None, self.retried())
+
+    def retried(self) -> dict[int, int]:
+        """The events of turns that failed and were asked again at once, word for word, each to the uid of
+        the question asked again: the payload leaves them out (the retry takes their place), `recall` marks
+        them, nothing is deleted."""
+        return self._retries.of(self._events)
 
     def fact_track(self, track: Any = None, clearing: Clearing | None = None) -> FactTrack | None:
         """The working set and fact lines of history the payload no longer shows as it was: text
@@ -124,10 +130,13 @@ class Projection(SessionBase):
         view = self.send_view()
         raw = view.raw_uids()
         spans = [(x.uid_from, x.uid_to) for x in self.compactor.segments] + list(self.compactor.evicted)
+        retried = self.retried()
         in_segments = sum(1 for e in self._events if e.uid not in raw and any(a <= e.uid <= b for a, b in spans))
+        asked_again = sum(1 for e in self._events if e.uid in retried and e.uid not in raw
+                          and not any(a <= e.uid <= b for a, b in spans))
         total = len(self._events)
-        return {"uids_total": total, "raw": len(raw), "in_segments": in_segments,
-                "lost": total - len(raw) - in_segments}
+        return {"uids_total": total, "raw": len(raw), "in_segments": in_segments, "asked_again": asked_again,
+                "lost": total - len(raw) - in_segments - asked_again}
 
     def _prefix_ratio(self, view: SendView) -> float | None:
         if self._last_payload is None:

@@ -15,7 +15,7 @@ from typing import Any
 from .. import offprocess
 from ..compaction import Compactor
 from ..errors import ConfigError, InputError, MfsError, StoreError
-from ..events import Event, now_iso
+from ..events import Event, Retries, now_iso
 from ..host import Host
 from ..index import Indexer
 from ..knowledge import (
@@ -142,6 +142,7 @@ class Session(Memory):
         self._raw_cache = RawCache()
         self._shown = None
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
+        self._retries = Retries()
         if warm_up_enabled() and self._injected_llm is None:  # the embedding gate off the chat turns
             from ..track import warm_gate_in_background
 
@@ -264,7 +265,7 @@ class Session(Memory):
             segments=lambda: self.compactor.in_force(),
             embedder=lambda load: self.verbatim.vector_layer() if load else self.verbatim.loaded_layer(),
             embedder_off=lambda: self.verbatim.off_reason, busy=self._busy, turn_ended=lambda: self._turn_ended_at,
-            miss_weight=self.miss_weight)
+            miss_weight=self.miss_weight, retried=self.retried)
 
     def status(self) -> dict[str, Any]:
         """What `%mfs status` shows."""

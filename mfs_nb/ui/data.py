@@ -8,7 +8,7 @@ set textContent).
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..compaction.consolidation import labels
@@ -57,20 +57,24 @@ def status_html(data: dict[str, Any]) -> str:
 
 
 # -- recall --------------------------------------------------------------------------------
-def event_data(event: Event) -> dict[str, Any]:
-    """One event for the recall viewer."""
+def event_data(event: Event, retried: Mapping[int, int] | None = None) -> dict[str, Any]:
+    """One event for the recall viewer; `retried` marks the events of a turn that failed and was asked again."""
+    from ..tools import retry_mark
+
     calls = [{"name": (c.get("function") or {}).get("name", ""), "arguments": (c.get("function") or {}).get("arguments", "")}
              for c in event.tool_calls]
     return {"uid": event.uid, "turn": event.turn, "role": event.role, "origin": event.origin, "name": event.name,
             "created_at": event.created_at, "content": event.content, "chars": len(event.content),
-            "tool_calls": calls, "folded": len(event.content) > FOLD_CHARS}
+            "tool_calls": calls, "folded": len(event.content) > FOLD_CHARS,
+            "mark": retry_mark(retried[event.uid]) if retried and event.uid in retried else ""}
 
 
-def recall_data(events: Sequence[Event]) -> dict[str, Any]:
+def recall_data(events: Sequence[Event], retried: Mapping[int, int] | None = None) -> dict[str, Any]:
     """The recall viewer's data: each event, and the plain-text form the model's tool also returns."""
     from ..tools import format_events
 
-    return {"events": [event_data(e) for e in events], "text": format_events(events, max_chars=10**12)}
+    return {"events": [event_data(e, retried) for e in events],
+            "text": format_events(events, max_chars=10**12, retried=retried)}
 
 
 def recall_html_from_data(events: Sequence[dict[str, Any]]) -> str:
@@ -78,6 +82,7 @@ def recall_html_from_data(events: Sequence[dict[str, Any]]) -> str:
     for d in events:
         head = f"#{d['uid']} {d['role']}" + (f" · {d['origin']}" if d["origin"] and d["origin"] != d["role"] else "")
         head += (f" · {d['name']}" if d["name"] else "") + f" · turn {d['turn']} · {d['created_at']}"
+        head += f" · {d['mark']}" if d.get("mark") else ""
         calls = "".join(f"<div>→ {html.escape(c['name'])}({html.escape(c['arguments'])})</div>" for c in d["tool_calls"])
         rows.append(f"<details{'' if d['folded'] else ' open'} class='mfs-event'><summary style='font:12px monospace;"
                     f"color:#555'>{html.escape(head)} ({d['chars']:,} chars)</summary>"
@@ -86,12 +91,12 @@ def recall_html_from_data(events: Sequence[dict[str, Any]]) -> str:
     return "<div class='mfs-recall'>" + "".join(rows) + "</div>"
 
 
-def recall_text(events: Sequence[Event]) -> str:
-    return str(recall_data(events)["text"])
+def recall_text(events: Sequence[Event], retried: Mapping[int, int] | None = None) -> str:
+    return str(recall_data(events, retried)["text"])
 
 
-def recall_html(events: Sequence[Event]) -> str:
-    return recall_html_from_data(recall_data(events)["events"])
+def recall_html(events: Sequence[Event], retried: Mapping[int, int] | None = None) -> str:
+    return recall_html_from_data(recall_data(events, retried)["events"])
 
 
 # -- the layered send view ------------------------------------------------------------------
@@ -128,7 +133,8 @@ def context_data(session: Any) -> dict[str, Any]:
                        "level": layer.level, "degraded": layer.degraded, "messages": layer.messages, "text": text})
     _add_unlisted_tokens(layers, session, usage)
     spans = [(x.uid_from, x.uid_to) for x in session.compactor.segments] + list(session.compactor.evicted)
-    gaps = uncovered([e.uid for e in session.events], view.raw_uids(), spans)
+    # a failed turn asked again is in the log, left out of the payload on purpose: not a gap
+    gaps = uncovered([e.uid for e in session.events], view.raw_uids() | set(session.retried()), spans)
     forms = {u: f for u, f in zip(view.uids, view.forms) if u is not None}
     results = {e.tool_call_id: e for e in session.events if e.role == "tool"}
     tools = []
