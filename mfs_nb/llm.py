@@ -194,16 +194,20 @@ class LLM:
         except Exception:  # the ledger is a record; a failed write never fails the call
             pass
 
+    def in_force(self) -> Endpoint:
+        """The endpoint the next call tries first."""
+        return self.fallback if self.fallback is not None and self.state == "fallback" else self.primary
+
     def describe(self) -> str:
         """One line for `%mfs status`."""
-        state = self.state
-        text = f"endpoint {state} ({self.primary.model}"
-        if self.fallback:
-            text += f"; fallback {self.fallback.model}"
-        text += ")"
+        now = self.in_force()
+        text = f"answering: {now.model}" + (f" at {now.api_base}" if now.api_base else "")
+        if self.fallback is not None:
+            text += (f" (the fallback, until the primary {self.primary.model} answers again)" if now is self.fallback
+                     else f" (fallback {self.fallback.model} if it fails)")
         if self.last_switch_reason:
-            text += f"; last switch: {self.last_switch_reason}"
-        return text
+            text += f"; last switch because {self.last_switch_reason}"
+        return f"{text} · {key_status(now)}"
 
     # -- calls ---------------------------------------------------------------------------
     def complete(
@@ -496,6 +500,33 @@ def missing_key(model: str, api_base: str = "") -> str | None:
         return None
     missing = report.get("missing_keys") or []
     return missing[0] if missing and not report.get("keys_in_environment") else None
+
+
+def key_status(endpoint: Endpoint) -> str:
+    """Whether a key goes with this endpoint's requests, and from which variable (never its value)."""
+    if is_offline(endpoint.model):
+        return "key: none needed (the embedded offline model)"
+    if endpoint.key_env:
+        if os.environ.get(endpoint.key_env):
+            return f"key: sent, from {endpoint.key_env}"
+        return (f"key: none (fine for a local server); a server that needs one reads it from {endpoint.key_env}, "
+                "which is not set in this kernel")
+    if endpoint.api_key:
+        return "key: sent, given in code when the session was made (held in memory, never saved)"
+    if endpoint.api_base:
+        return "key: none (fine for a local server)"
+    try:
+        report = litellm_module().validate_environment(model=endpoint.model)
+    except Exception:
+        return "key: whatever litellm finds in the environment for this provider"
+    if report.get("keys_in_environment"):
+        provider = endpoint.model.split("/", 1)[0].upper().replace("-", "_")
+        name = next((v for v in (f"{provider}_API_KEY", f"{provider}_KEY") if os.environ.get(v)), None)
+        return f"key: sent, from {name}" if name else "key: sent, from the provider's variable in the environment"
+    missing = report.get("missing_keys") or []
+    if not missing:
+        return "key: none needed by this provider, as litellm reads it"
+    return f"key: none: {missing[0]} is not set in this kernel; set it and re-run (keys are never saved)"
 
 
 def default_endpoints(model: str, api_base: str, fallback_model: str, fallback_base_url: str) -> tuple[Endpoint, Endpoint | None]:

@@ -115,6 +115,24 @@ def test_primary_is_retried_after_the_cool_down(servers):
     assert llm.state == "primary"
 
 
+def test_status_says_whether_a_key_is_sent_and_from_where(monkeypatch):
+    """Issue 71, item 4: a key that did not survive a restart is not silent."""
+    from mfs_nb.llm import Endpoint, key_status
+
+    monkeypatch.delenv("MFS_API_KEY", raising=False)
+    local = Endpoint("openai/m", "http://127.0.0.1:8000/v1", key_env="MFS_API_KEY")
+    assert key_status(local).startswith("key: none (fine for a local server)")
+    assert "MFS_API_KEY" in key_status(local)
+    monkeypatch.setenv("MFS_API_KEY", "sk-live-abcdef-123456")
+    assert key_status(local) == "key: sent, from MFS_API_KEY"
+    assert key_status(Endpoint("mfs-offline/default")) == "key: none needed (the embedded offline model)"
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert key_status(Endpoint("openai/gpt-4o-mini")).startswith("key: none: OPENAI_API_KEY is not set")
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-openai-abcdef")
+    assert key_status(Endpoint("openai/gpt-4o-mini")) == "key: sent, from OPENAI_API_KEY"
+    assert "sk-" not in key_status(Endpoint("openai/gpt-4o-mini", api_key="sk-given-in-code"))
+
+
 def test_session_uses_real_endpoints_and_shows_state(servers, store_dir, monkeypatch):
     a, b = servers("429"), servers("ok", reply="backup answer")
     monkeypatch.setenv("MFS_FALLBACK_API_KEY", "sk-fallback-secret-123456")
@@ -123,7 +141,10 @@ def test_session_uses_real_endpoints_and_shows_state(servers, store_dir, monkeyp
     s.configure(fallback_model="openai/model-b", fallback_base_url=b.url)
     reply = s.chat("hello")
     assert reply.text == "backup answer" and reply.endpoint == "fallback"
-    assert "endpoint fallback" in s.status()["endpoint"] and "429" in s.status()["endpoint"]
+    assert "(the fallback, until the primary" in s.status()["endpoint"] and "429" in s.status()["endpoint"]
+    # issue 71, item 4: which key goes with the endpoint in force, named by its variable, never its value
+    assert "key: sent, from MFS_FALLBACK_API_KEY" in s.status()["endpoint"]
+    assert "secret" not in s.status()["endpoint"]
     assert a.hits[0]["auth"] == "Bearer sk-primary-secret-123456"
     assert b.hits[0]["auth"] == "Bearer sk-fallback-secret-123456"
     assert s.usage().source == "anchor+estimate"

@@ -38,7 +38,7 @@ def test_chat_recall_and_status(ip, capsys):
     assert "#2" not in capsys.readouterr().out
     ip.run_line_magic("mfs", "status")
     out = capsys.readouterr().out
-    assert "2 events, last uid 2" in out and "endpoint primary (mfs-offline/default)" in out
+    assert "2 events, last uid 2" in out and "answering: mfs-offline/default · key: none needed" in out
     assert "budget balanced (55%): a compaction ends at" in out and "(the offline default costs nothing)" in out
     ip.run_line_magic("mfs", "config budget=lean")
     capsys.readouterr()
