@@ -50,6 +50,7 @@ def run(out: TextIO, store: str | None = None) -> int:
     """Chat through a real Session, restart it, show the send view and a recall. Returns an exit code."""
     from .session import Session
     from .ui.data import layers_text, recall_text
+    from .usage import SOURCE_LABELS
 
     folder = store or tempfile.mkdtemp(prefix="mfs-demo-")
     started = time.monotonic()
@@ -67,7 +68,7 @@ def run(out: TextIO, store: str | None = None) -> int:
         first.indexer.close(wait_s=30)  # the restarted kernel's predecessor: its index thread ends here
         session = opened[1] = Session("demo", store=folder)
         out.write(f"resumed: {len(session.events)} events, last uid {session.last_uid}, "
-                  f"pressure {session.usage().tokens:,} tokens from {session.usage().source}\n\n")
+                  f"context {session.usage().tokens:,} tokens ({SOURCE_LABELS[session.usage().source]})\n\n")
         for text in SCRIPT[3:]:
             _turn(out, session, text)
         out.write("%compact  (what happens by itself when the context fills, done now)\n")
@@ -75,8 +76,8 @@ def run(out: TextIO, store: str | None = None) -> int:
             out.write(notice + "\n")
         view = session.send_view()
         usage = session.usage(view)
-        out.write(f"\nsend view: {len(view.messages)} messages, {usage.tokens:,} tokens (the meter's number, "
-                  f"{usage.source})\n")
+        out.write(f"\nsend view: {len(view.messages)} messages, {usage.tokens:,} tokens "
+                  f"({SOURCE_LABELS[usage.source]})\n")
         out.write(layers_text(view.layers) + "\n")
         if any(x.kind == "segment" for x in view.layers):
             out.write("  (segment: a summary of original messages; merged N×: a summary merged from older summaries)\n")

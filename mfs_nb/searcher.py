@@ -107,15 +107,10 @@ class Searcher:
         where = S.where(self.host.name, role, uid_from, uid_to)
         notices: list[str] = []
         progress = self.index.progress()
+        behind_vectors = False  # the vectors' ranking ran and stops short of the log
         if progress["text_upto"] < self.index.last_uid():
-            if not self.host.store.writable():  # nothing can be indexed there: no thread that fails, say so
-                notices.append(f"indexed up to uid {progress['text_upto']} of {self.index.last_uid()}: the store at "
-                               f"{self.host.store.shown} is read-only, so the index cannot grow there and the newer "
-                               "events are searched by their words directly")
-            else:
+            if self.host.store.writable():  # a read-only store gets no thread that would fail
                 self.index.kick(force=True)
-                notices.append(f"indexed up to uid {progress['text_upto']} of {self.index.last_uid()}: the newer "
-                               "events are searched by their words directly while indexing continues")
         elif progress["windows_upto"] + S.WINDOW_EVENTS <= progress["text_upto"] and self.host.store.writable():
             self.index.kick(force=True)  # an older store's coarse index, filled in the background
         roles = [role] if isinstance(role, str) else list(role or [])
@@ -139,9 +134,7 @@ class Searcher:
                 if found is not None:
                     cut.append(len(found) >= depth)
                     ranked["vector"] = self._ranking(found, info, roles, uid_from, uid_to, depth=depth)
-                    if progress["vectors_upto"] < self.index.last_uid():
-                        notices.append(f"vectors cover uids up to {progress['vectors_upto']} of {self.index.last_uid()}; "
-                                       "newer events are found by full text while vectors catch up")
+                    behind_vectors = progress["vectors_upto"] < self.index.last_uid()
         # a query that names a date ("in May 2023", "yesterday") is searched once more within the
         # events written then, and that ranking joins the fusion beside the others
         spans = self._spans(query, uid_from, uid_to)
@@ -166,7 +159,8 @@ class Searcher:
             windows = self._window_ranking(query, roles, uid_from, uid_to)
             if windows:
                 ranked["window"] = windows
-        notices += self.index.notices
+        behind = self._behind(progress, behind_vectors)
+        notices = ([behind] if behind else []) + notices + self.index.notices
         names = list(ranked)
         fused = S.fuse([[f"{kd}:{u}" for kd, u in ranked[m]] for m in names],
                        weights=[S.WEIGHTS[m.split("@")[0]] for m in names])
@@ -201,6 +195,21 @@ class Searcher:
             hits.append(Hit(uid, e.role, e.turn, round(score, 5), S.snippet(event_text(e), query), kind, uid, via,
                             self._around(uid, neighbours)))
         return Results(hits, notices, tuple(dict.fromkeys(m.split("@")[0] for m in names)), tuple(left))
+
+    def _behind(self, progress: dict[str, Any], vectors: bool) -> str:
+        """One note on how far the index has come, when it is short of the log ('' when it is not)."""
+        last, words = self.index.last_uid(), progress["text_upto"]
+        if words >= last and not vectors:
+            return ""
+        meaning = f"by meaning to uid {progress['vectors_upto']}" if vectors else ""
+        aside = f" ({meaning})" if vectors and progress["vectors_upto"] < words else ""
+        if not self.host.store.writable():
+            return (f"the store at {self.host.store.shown} is read-only: its index stops at uid {words} of {last}"
+                    f"{aside}, and newer messages are searched by their words")
+        if words < last:
+            return (f"the search index has reached uid {words} of {last}{aside}; newer messages are searched by "
+                    "their words while it catches up")
+        return f"search {meaning} of {last}; newer messages are found by their words while it catches up"
 
     def _latent_ranking(self, query: str, ranked: dict[str, list[tuple[str, int]]],
                         info: dict[tuple[str, int], dict[str, Any]], role: Any, roles: list[str],

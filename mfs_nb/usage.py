@@ -102,11 +102,11 @@ class Usage:
 
     def status_line(self) -> str:
         """`ctx 28% · 29.4k of 107k usable · cache 99.1% · session nb-main`; after a reply whose request
-        was at a different share, `ctx 97% (sent at 94%) · …` (the notices and the note to the model
+        was at a different share, `ctx 97% (the request was 94%) · …` (the notices and the note to the model
         give the share of the request); past the warn line the tier in words (`compacting`)."""
         ctx = f"ctx {self.percent}"
         if self.sent_tokens is not None and percent(self.sent_tokens, self.effective) != self.percent:
-            ctx += f" (sent at {percent(self.sent_tokens, self.effective)})"
+            ctx += f" (the request was {percent(self.sent_tokens, self.effective)})"
         parts = [ctx, f"{human(self.tokens)} of {human(self.effective)} usable"]
         if self.cache_ratio is not None:
             written = f" (+{self.cache_write_ratio:.1%} written)" if self.cache_write_ratio else ""

@@ -45,7 +45,7 @@ def test_replay_maps_every_line_and_loses_nothing(tmp_path, capsys):
     report = json.loads(report_path.read_text())
     assert set(report["uids"]) == {str(i) for i in range(500)}
     assert sorted(report["uids"].values()) == list(range(1, 501))
-    assert report["coverage"] == {"uids_total": 500, "raw": 500, "in_segments": 0, "lost": 0}
+    assert report["coverage"] == {"uids_total": 500, "raw": 500, "in_segments": 0, "asked_again": 0, "lost": 0}
     n_assistant = sum(m["role"] == "assistant" for m in msgs)
     assert len(report["calls"]) == n_assistant
     calls = report["calls"]

@@ -53,7 +53,8 @@ def test_status_line_notice_context_header_and_budget_note_give_one_percentage(s
         sent = _pct(r"context at (\d+%) of the usable window when sent", notice)
         note = _pct(r"\[context (\d+%) of the usable window · compaction at", last_message)
         line = reply.usage.status_line()
-        shown_sent = _pct(r"\(sent at (\d+%)\)", line) if "sent at" in line else _pct(r"^ctx (\d+%)", line)
+        shown_sent = (_pct(r"\(the request was (\d+%)\)", line) if "the request was" in line
+                      else _pct(r"^ctx (\d+%)", line))
         assert sent == note == shown_sent, (notice, last_message, line)
         assert re.search(r"\((clearing soon|compacting|compacting now)\)", notice), notice  # tier in words
         assert not re.search(r"\btier\b|\b(warn|compress|hard)\b", notice + line), (notice, line)

@@ -65,13 +65,13 @@ def test_ledger_rows_read_as_words_not_json():
             {"seq": 4, "kind": "tier", "tier": "compress", "tokens": 3120, "effective": 3400}]
     data = ledger_data(rows, [], 3400)
     page = ledger_html(data)
-    assert "own 10, up to 20" in page and "key db, tokens 12" in page and "(+4 more)" in page
+    assert "your own words 10, up to 20" in page and "key db, tokens 12" in page and "(+4 more)" in page
     assert "accepted: yes" in page and ">compacting<" in page
     assert "{" not in page.split("<table", 1)[1] and "&quot;" not in page and "…" not in page
     text = LedgerView(data=data).text()
-    assert "#4 tier · compacting: tokens: 3120" in text and "origin: own 10, up to 20" in text
+    assert "#4 tier · compacting: tokens: 3120" in text and "origin: your own words 10, up to 20" in text
     assert "{" not in text and '"' not in text
-    assert data["cells"][0]["origin"] == "own 10, up to 20"
+    assert data["cells"][0]["origin"] == "your own words 10, up to 20"
 
 
 def test_a_search_hit_on_a_summary_names_its_uid_range_once():

@@ -330,7 +330,7 @@ def test_session_without_index_yet_answers_from_what_is_indexed_and_says_so(stor
     s = Session("cold", store=store_dir, recall_index=False, embedding_model="off", llm=FakeLLM())
     s.record("user", "the deploy key rotates every ninety days", new_turn=True)
     found = s.search("deploy key", 3)
-    assert any("indexed up to uid 0 of 1" in n for n in found.notices)
+    assert any("the search index has reached uid 0 of 1" in n for n in found.notices)
     assert [h.uid for h in found] == [1]  # the log not indexed yet is read directly
     s.indexer.wait(60)  # the search woke the indexer
     assert s.search("deploy key", 3)[0].uid == 1
@@ -349,7 +349,7 @@ def test_search_during_a_backlog_finds_what_the_index_has_not_reached(store_dir)
         s.record("user", "we talked about the poolside party", new_turn=True)  # 'pool' only inside a word
         found = s.search("bastion host", 5)
         assert found and found[0].uid == 42
-        assert any("indexed up to uid 1 of 43" in n for n in found.notices)
+        assert any("the search index has reached uid 1 of 43" in n for n in found.notices)
         assert 43 not in [h.uid for h in s.search("pool", 10)]  # whole words, not substrings
         assert [h.uid for h in s.search("pool", 10)][0] == 1
     s.indexer.wait(60)
@@ -552,7 +552,7 @@ def test_the_newest_events_the_index_has_not_reached_do_not_take_the_latent_rank
     assert hits.methods == ("fts", "latent")  # the four indexed events still get their latent vote
     uids = [h.uid for h in hits]
     assert 5 in uids and uids.index(3) < uids.index(1)  # the new one is found by reading the log; billing ~ invoice
-    assert any("indexed up to uid 4 of 6" in n for n in hits.notices)
+    assert any("the search index has reached uid 4 of 6" in n for n in hits.notices)
 
 
 def test_a_reply_gets_the_latent_terms_of_the_message_before_it_and_each_text_is_read_once(store_dir, monkeypatch):

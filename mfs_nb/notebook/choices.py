@@ -82,11 +82,14 @@ class NotebookChoices:
             self._save_notebook()
 
     def origin(self, key: str, session: Any) -> str:
-        """Where the value of a notebook setting in `session` comes from, in words."""
+        """Where the value of a setting in `session` comes from, in words. The notebook's settings (model,
+        endpoint, window) follow the notebook's choice; the rest are the session's, saved over the environment."""
         if key in session.overrides:
             return "this session's own (%mfs config --session)"
         if key in self._person:
             return self._origin.get(key, "this notebook (%mfs config)")
+        if key not in PERSON_KEYS and key in session._saved:
+            return "saved with this session"
         env = from_environment()
         if key in env:
             return f"the environment ({ENV_NAMES[key]})"

@@ -116,9 +116,10 @@ class MfsCommands(NotebookChoices):
         own = "--session" in rest
         rest = [w for w in rest if w != "--session"]
         if not rest:
-            for key, value in s.settings.public().items():
-                where = f"  ({self.origin(key, s)})" if key in PERSON_KEYS else ""
-                print(f"{key} = {value!r}{where}")
+            shown = {f"{key} = {value!r}": self.origin(key, s) for key, value in s.settings.public().items()}
+            width = max(map(len, shown))
+            for line, where in shown.items():  # every value with where it comes from
+                print(f"{line:<{width}}  ({where})")
             return
         values = {}
         for word in rest:

@@ -29,10 +29,14 @@ class ContextView(Widget):
     def text(self) -> str:
         d = self.data
         lines = [f"send view: {d['usage']['line']}"]
-        for layer in d["layers"]:
+        layers = d["layers"]
+        # the columns are as wide as their longest entry, so every row lines up
+        label = max([14, *(len(x["label"]) for x in layers)])
+        span = max([18, *(len(x["span"]) for x in layers)])
+        for layer in layers:
             extra = f" merged {layer['level']}×" if layer["level"] else ""
             extra += " degraded" if layer["degraded"] else ""
-            lines.append(f"  {layer['label']:<14} {layer['span']:<18} {layer['tokens']:>7} tokens{extra}")
+            lines.append(f"  {layer['label']:<{label}} {layer['span']:<{span}} {layer['tokens']:>7,} tokens{extra}")
         if d["gaps"]:
             lines.append(f"  COVERAGE GAP: {len(d['gaps'])} uid(s): {d['gaps'][:20]}")
         if d["tools"]:

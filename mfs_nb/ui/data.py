@@ -170,15 +170,15 @@ def _add_unlisted_tokens(layers: list[dict[str, Any]], session: Any, usage: Usag
     if rest:
         more = "more" if rest > 0 else "fewer"
         if usage.source == "anchor+estimate":
-            label = f"provider counted {more}"
+            label, span = f"provider counted {more}", "than estimated"
             why = (f"the provider counted {abs(rest):,} tokens {more} than the estimates of the rows above add up "
                    "to; the total is the provider's count (plus estimates of what was added since)")
         else:
-            label = "estimate scaled"
+            label, span = "estimate scaled", f"by {session.calibration:.2f}"
             why = (f"the estimates of the rows above are scaled by {session.calibration:.2f}, how the provider's counts "
                    f"have compared with them so far: {abs(rest):,} tokens {more}")
         layers.append({"kind": "measured", "label": label, "uid_from": None, "uid_to": None,
-                       "span": "adjustment", "tokens": rest, "level": None, "degraded": False, "messages": 0,
+                       "span": span, "tokens": rest, "level": None, "degraded": False, "messages": 0,
                        "text": why})
 
 
@@ -219,7 +219,20 @@ def cell_text(key: str, value: Any) -> str:
 
 def column_name(key: str) -> str:
     """`tokens_before` → 'tokens before'; `upto` → 'up to'."""
-    return {"upto": "up to", "uid_from": "from uid", "uid_to": "to uid", "seq": "#"}.get(key, key.replace("_", " "))
+    return {"upto": "up to", "uid_from": "from uid", "uid_to": "to uid", "seq": "#",
+            **ORIGIN_WORDS}.get(key, key.replace("_", " "))
+
+
+# the columns of an `origin` row (`track.classify_pending`): how many of your messages each disposition got
+ORIGIN_WORDS = {"own": "your own words", "quote": "pasted AI output", "quote_note": "pasted AI output with your note",
+                "document": "documents"}
+
+
+def origin_phrase(row: dict[str, Any]) -> str:
+    """An `origin` ledger row in words: `your messages up to uid 7 sorted by who wrote them: 2 your own words`."""
+    counts = ", ".join(f"{row[k]} {words}" for k, words in ORIGIN_WORDS.items() if row.get(k))
+    return (f"your messages up to uid {row.get('upto', '?')} sorted by who wrote them: {counts or 'none new'}"
+            + (f"; time: {row['time']}" if row.get("time") else ""))
 
 
 def ledger_phrase(row: dict[str, Any], skip: Sequence[str] = ()) -> str:

@@ -33,7 +33,8 @@ class RecallView(Widget):
 
     def text(self) -> str:
         if "hits" in self.data:
-            lines = [f"note: {n}" for n in self.data.get("notices", [])]
+            notices = self.data.get("notices", [])  # one note at most above the hits
+            lines = [f"note: {'; '.join(notices)}"] if notices else []
             lines += [h["line"] for h in self.data["hits"]] or ["no matches"]
             return "\n".join(lines)
         return str(self.data["text"])
@@ -41,7 +42,8 @@ class RecallView(Widget):
     def html(self) -> str:
         if "hits" in self.data:
             items = "".join(f"<li><code>{html.escape(h['line'])}</code></li>" for h in self.data["hits"])
-            notes = "".join(f"<div style='color:#777'>{html.escape(n)}</div>" for n in self.data.get("notices", []))
+            notices = self.data.get("notices", [])
+            notes = f"<div style='color:#777'>note: {html.escape('; '.join(notices))}</div>" if notices else ""
             return f"<div class='mfs-recall'>{notes}<ol>{items}</ol></div>"
         return recall_html_from_data(self.data["events"])
 
