@@ -47,6 +47,29 @@ def test_the_first_notebook_runs_offline_as_written(ip, capsys):
     assert "[#1 user" in out.out and "keep it under 30" in out.out  # %recall 1-2, verbatim
 
 
+def _shape(line: str) -> str:
+    """A status line with its numbers blanked: what the README can promise about the next run."""
+    return re.sub(r"\d+(?:[.,]\d+)*", "#", line)
+
+
+def test_the_status_lines_the_readme_shows_are_ones_the_code_prints(ip, capsys):
+    """Issue 71, item 6: the README showed `cache 99.1%` where every real line said `prefix …`."""
+    text = README.read_text(encoding="utf-8")
+    shown = [" ".join(x.split()) for x in re.findall(r"`(ctx \d[^`]*)`", text, re.S)]
+    assert len(shown) == 2, shown  # the first reply's line and a later one's
+    section = text.split("## In a notebook", 1)[1].split("\n## ", 1)[0]
+    chat = next(c for c in re.findall(r"```[a-z]*\n(.*?)```", section, re.S) if c.startswith("%%chat"))
+    ip.run_cell(chat)
+    ip.run_cell("%%chat\nAnd the config lives at /etc/app/pool.yaml")
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("ctx ")]
+    assert [_shape(x) for x in shown] == [_shape(x) for x in printed], (shown, printed)
+    # the note each request ends with, as the README quotes it, is the one the code appends
+    from mfs_nb import lang
+
+    template = re.escape(lang.text("budget_note", "", share="§", line="¶")).replace("§", r"\d+%").replace("¶", r"\d+%")
+    assert re.search(template, " ".join(text.split())), "the README's budget note is not the one sent"
+
+
 # (block, the environment variable that points the provider at the fake, the URL in the block that
 # the fake replaces and what replaces it, the key's variable, the path the request must reach)
 @pytest.mark.parametrize("name, base_env, block_url, key_env, path", [

@@ -81,7 +81,9 @@ class Intake(CallPlanner):
             return text, Verdict(kind, "explicit", text if note else "", source, 0.0, len(text), first_line(pasted))
         if looks_like_document(text) and best_overlap(text, recent) is None:
             snap = snapshots.write(files, text, "paste")
-            notices.append(f"your {len(text):,}-char paste looks like a document: it is saved as {snap.path}; once it "
+            where = (f"{self.store.shown.rstrip('/')}/{snap.path}" if self.store.is_local
+                     else f"{snap.path} in the store's files table")
+            notices.append(f"your {len(text):,}-char paste looks like a document: it is saved as {where}; once it "
                            "leaves the recent tail the model keeps a pointer to it (use --own if these are your own words)")
             return text, Verdict(DOCUMENT, "explicit", "", None, 0.0, len(text), snap.first_line, (snap.to_json(),))
         return text, None
