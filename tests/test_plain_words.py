@@ -99,3 +99,36 @@ def test_status_and_an_empty_recall_speak_the_users_language(ip, capsys):
     ip.run_line_magic("recall", '""')
     err = capsys.readouterr().err
     assert '%recall "pool size"' in err and "recall_search(" not in err
+
+
+def test_a_newcomer_reads_words_not_internals(ip, capsys, tmp_path):
+    """Issue 71, item 5: one note above search results, a source for every setting, %context rows that
+    line up, an export and a ledger in words."""
+    ip.run_cell("%%chat\nOur DB allows 120 connections; keep the pool under 30.")
+    ip.run_cell("%%chat\nAnd the config lives at /etc/app/pool.yaml")
+    capsys.readouterr()
+    ip.run_line_magic("recall", '"pool"')
+    out = capsys.readouterr().out
+    assert sum(line.startswith("note:") for line in out.splitlines()) <= 1, out
+    assert "vectors cover" not in out and "indexed up to uid" not in out
+    ip.run_line_magic("mfs", "config")
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) > 20 and all(re.search(r"  \((the default|saved with this session|this notebook|the environment|"
+                                             r"this session's own).*\)$", x) for x in lines), lines
+    ip.run_line_magic("context", "")
+    rows = [x for x in capsys.readouterr().out.splitlines() if x.endswith(" tokens")]
+    assert len(rows) >= 3 and len({len(x) for x in rows}) == 1, rows  # the token column lines up
+    assert not any("adjustment" in x for x in rows)
+    ip.run_line_magic("mfs", f"export {tmp_path / 'out.md'}")
+    head = (tmp_path / "out.md").read_text(encoding="utf-8").split("\n\n")[1]
+    assert "declarations" not in head and "no summaries" in head
+    ip.run_line_magic("mfs", "status")
+    out = capsys.readouterr().out
+    assert "endpoint primary" not in out and "answering: mfs-offline/default" in out
+
+
+def test_the_origin_row_of_the_ledger_says_whose_words():
+    rows = [{"seq": 2, "time": "10:00", "kind": "origin", "upto": 7, "own": 2, "quote": 1}]
+    text = LedgerView(data=ledger_data(rows, [], 3400)).text()
+    assert "your messages up to uid 7 sorted by who wrote them: 2 your own words, 1 pasted AI output" in text
+    assert "own: 2" not in text and "up to: 7" not in text
