@@ -3,9 +3,9 @@
     python scripts/screenshots.py [--data DIR] [--messages 240] [--window 24000]
 
 Builds a notebook in a temporary folder that replays the conversation into the store, asks one more
-question, and shows %recall, %context and %mfs ledger; runs it in JupyterLab through
-tests/ui/browser.mjs (Debian chromium, playwright-core) and writes status/context/recall/ledger.png
-to docs/img. The shared data is read in place and never copied into the repository.
+question, pins a value, and shows %recall, %mfs status, a compaction preview, %context, %mfs ledger
+and %mfs cost; runs it in JupyterLab through tests/ui/browser.mjs (Debian chromium, playwright-core)
+and writes status/context/recall/preview/ledger.png to docs/img. The shared data is read in place and never copied into the repository.
 """
 
 from __future__ import annotations
@@ -38,9 +38,14 @@ def notebook(transcript: Path, window: int) -> dict:
               "print(len(report['calls']), 'calls;', len(report['segments']), 'segments; coverage', report['coverage'])"),
         _cell(f"%mfs config window_tokens={window}"),
         _cell("%%chat\nWhere did we leave the failing test, and which file did we change last?"),
+        _cell("%mfs pin test_runner=pytest"),
         _cell("%recall 3-4"),
+        _cell("%mfs status"),
+        # the outputs tests/ui/browser.mjs waits for and photographs, in the order it reads them
+        _cell("%compact --preview keep the file names"),
         _cell("%context"),
         _cell("%mfs ledger"),
+        _cell("%mfs cost"),
     ]
     return {"cells": cells, "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3",
                                                          "language": "python"}},

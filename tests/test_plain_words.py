@@ -44,7 +44,7 @@ def test_the_provider_count_row_says_in_words_which_way_it_differs(store_dir):
         s.chat(f"message {i}: the pool has 120 connections " * 5)
     data = context_data(s)
     (row,) = [x for x in data["layers"] if x["kind"] == "measured"]
-    assert row["tokens"] < 0 and row["label"] == "provider counted fewer" and row["span"] != "static"
+    assert row["tokens"] < 0 and row["label"] == "provider's count" and row["span"] == "fewer than estimated" and row["span"] != "static"
     assert f"{-row['tokens']:,} tokens fewer" in row["text"] and "-" not in row["text"].split("tokens")[0]
     assert sum(x["tokens"] for x in data["layers"]) == data["usage"]["tokens"]  # the rows still add up
     head = re.search(r"<div><b>.*?</div>", ContextView(data=data).html()).group(0)

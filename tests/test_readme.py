@@ -49,7 +49,7 @@ def test_the_first_notebook_runs_offline_as_written(ip, capsys):
 
 def _shape(line: str) -> str:
     """A status line with its numbers blanked: what the README can promise about the next run."""
-    return re.sub(r"\d+(?:[.,]\d+)*", "#", line)
+    return re.sub(r"\d+(?:[.,]\d+)*[kM]?", "#", line)
 
 
 def test_the_status_lines_the_readme_shows_are_ones_the_code_prints(ip, capsys):

@@ -374,6 +374,8 @@ def test_long_document_paste_becomes_a_snapshot_unless_own(store_dir):
     assert any("looks like a document" in n for n in r.notices)
     v = s.verbatim.verdicts[r.uids[0]]
     assert v.disposition == DOCUMENT and (Path(store_dir) / v.snapshots[0]["path"]).read_text() == paste
+    # the notice names where the file is, not a bare attachments/ a newcomer looks for beside the notebook
+    assert any(f"saved as {s.store.shown.rstrip('/')}/{v.snapshots[0]['path']}" in n for n in r.notices), r.notices
     assert s.recall(r.uids[0])[0].content == paste  # the log keeps what was typed
     mine = s.chat(paste.replace("Runbook", "My plan"), own=True)
     assert s.verbatim.verdicts[mine.uids[0]].disposition == OWN

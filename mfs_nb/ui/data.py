@@ -170,7 +170,7 @@ def _add_unlisted_tokens(layers: list[dict[str, Any]], session: Any, usage: Usag
     if rest:
         more = "more" if rest > 0 else "fewer"
         if usage.source == "anchor+estimate":
-            label, span = f"provider counted {more}", "than estimated"
+            label, span = "provider's count", f"{more} than estimated"
             why = (f"the provider counted {abs(rest):,} tokens {more} than the estimates of the rows above add up "
                    "to; the total is the provider's count (plus estimates of what was added since)")
         else:
