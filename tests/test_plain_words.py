@@ -132,3 +132,4 @@ def test_the_origin_row_of_the_ledger_says_whose_words():
     text = LedgerView(data=ledger_data(rows, [], 3400)).text()
     assert "your messages up to uid 7 sorted by who wrote them: 2 your own words, 1 pasted AI output" in text
     assert "own: 2" not in text and "up to: 7" not in text
+    assert "sorted by who wrote them: 2 your own words" in ledger_html(ledger_data(rows, [], 3400))
