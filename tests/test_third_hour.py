@@ -11,14 +11,11 @@ import re
 from pathlib import Path
 
 from fake_provider import FakeProvider
+from test_readme import _shape
 from test_second_hour import _run, _text
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTION = "What pool_size did we settle on for the API service?"
-
-
-def _shape(line: str) -> str:
-    return re.sub(r"\d+(?:[.,]\d+)*[kM]?", "#", line)
 
 
 def test_a_newcomers_third_hour(tmp_path, monkeypatch):

@@ -64,8 +64,8 @@ class Memory(Intake):
                   f"Exported {now_iso()} from the store at `{self.store.shown}` · model `{self.settings.model}` · "
                   f"window {self.window:,} tokens · {len(events)} events"
                   + (f" (uids 1–{events[-1].uid}, from {first})" if events else "")
-                  + f" · {_count(len(declared), 'summary', 'summaries')} · "
-                    f"{_count(len(ledger), 'memory-layer action', 'memory-layer actions')}.\n\n"
+                  + f" · {_amount(len(declared), 'summary', 'summaries')} · "
+                    f"{_amount(len(ledger), 'memory-layer action', 'memory-layer actions')}.\n\n"
                   "Every message is here word for word under its uid (what `recall_history` returns); each "
                   "segment appears where it was declared, with the text the model saw instead of the "
                   "messages it covers; the ledger of every memory-layer action is at the end.")
@@ -207,6 +207,6 @@ class Memory(Intake):
         return "; ".join(self.unpin(key, by="model"))
 
 
-def _count(n: int, one: str, many: str) -> str:
+def _amount(n: int, one: str, many: str) -> str:
     """`0` → 'no summaries', `1` → '1 summary', `3` → '3 summaries'."""
     return f"no {many}" if n == 0 else f"1 {one}" if n == 1 else f"{n:,} {many}"

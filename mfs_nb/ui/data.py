@@ -236,7 +236,9 @@ def origin_phrase(row: dict[str, Any]) -> str:
 
 
 def ledger_phrase(row: dict[str, Any], skip: Sequence[str] = ()) -> str:
-    """The fields of a ledger row not in `skip`, as `name: value` phrases."""
+    """The fields of a ledger row not in `skip`, as `name: value` phrases (an `origin` row as one sentence)."""
+    if row.get("kind") == "origin":
+        return origin_phrase(row)
     return "; ".join(f"{column_name(k)}: {cell_text(k, v)}" for k, v in row.items()
                      if k not in skip and cell_text(k, v) != "")
 

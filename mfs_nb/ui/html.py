@@ -143,7 +143,7 @@ def ledger_html(d: dict[str, Any]) -> str:
     if not rows:
         return f"<div class='mfs-ledger' style='{PANEL}'>{summary}{chart}<div>ledger is empty: the memory layer " \
                "has not acted yet</div></div>"
-    from .data import cell_text, column_name, ledger_phrase, origin_phrase
+    from .data import cell_text, column_name, ledger_phrase
 
     cols = [c for c in LEDGER_DEFAULT if c in d["columns"]]
     cell = "border-bottom:1px solid #eee;padding:2px 6px;text-align:left;vertical-align:top;font-family:monospace"
@@ -151,8 +151,7 @@ def ledger_html(d: dict[str, Any]) -> str:
         f"<th style='{cell};background:#f3f3f3'>details</th>"
     body = []
     for r in rows:
-        # every other field, in words: wrapped in its cell, never cut off
-        more = origin_phrase(r) if r.get("kind") == "origin" else ledger_phrase(r, cols)
+        more = ledger_phrase(r, cols)  # every other field, in words: wrapped in its cell, never cut off
         body.append("<tr>" + "".join(f"<td style='{cell}'>{_e(cell_text(c, r.get(c)))}</td>" for c in cols)
                     + f"<td style='{cell};font-family:sans-serif;min-width:240px;white-space:normal;"
                     f"overflow-wrap:anywhere'>{_e(more)}</td></tr>")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .data import cell_text, ledger_phrase, origin_phrase
+from .data import cell_text, ledger_phrase
 from .widget import Widget, esm
 
 
@@ -16,8 +16,7 @@ class LedgerView(Widget):
         lines = []
         for r in rows:  # `#12 compaction · compacting: tokens before: 3,120; …`, every field in words
             head = f"#{r.get('seq', '')} {r.get('kind', '')}" + (f" · {cell_text('tier', r['tier'])}" if r.get("tier") else "")
-            body = origin_phrase(r) if r.get("kind") == "origin" else ledger_phrase(r, ("seq", "kind", "tier"))
-            lines.append(f"{head}: {body}")
+            lines.append(f"{head}: {ledger_phrase(r, ('seq', 'kind', 'tier'))}")
         return "\n".join(lines)
 
     def html(self) -> str:
