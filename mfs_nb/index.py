@@ -43,7 +43,6 @@ from .index_rows import (
 )
 from .search import Results
 from .searcher import Searcher, last_search, searching
-from .store import read_only_error
 
 if TYPE_CHECKING:
     from .host import Host
@@ -104,8 +103,9 @@ class Indexer:
     # -- writing -----------------------------------------------------------------------------
     def kick(self, force: bool = False) -> None:
         """Something new was written: index it soon, off the caller's thread. With indexing on write
-        switched off (`recall_index=false`) only a search (`force`) starts it."""
-        if not self.enabled and not force:
+        switched off (`recall_index=false`) only a search (`force`) starts it. Nothing on a store that is
+        read-only here: search reads what is indexed, and says how far that is."""
+        if (not self.enabled and not force) or self.host.store.read_only:
             return
         self._active_at = time.monotonic()
         with self._start_lock:
@@ -128,7 +128,7 @@ class Indexer:
             try:
                 self.catch_up()
             except Exception as exc:  # the index is derived data: a failure costs nothing in the log
-                if isinstance(exc, StoreError) and read_only_error(exc) and not self.host.store.writable():
+                if isinstance(exc, StoreError) and not self.host.store.writable():
                     pass  # a read-only store: every search says so itself (`search`)
                 elif isinstance(exc, StoreError):
                     self.note(f"indexing paused ({exc}); search answers from what is indexed")

@@ -127,7 +127,7 @@ _SCRIPT = textwrap.dedent('''
         out.append({"cell": cell, "ok": result.success, "out": o.getvalue(), "err": e.getvalue()})
     session = shell.magics_manager.registry["MfsMagics"]._sessions["default"]
     deadline = time.monotonic() + 30  # the background threads (recall index, quiet maintenance) have their go
-    while time.monotonic() < deadline and not (session._quiet.runs and session._quiet.settled()):
+    while time.monotonic() < deadline and not session._quiet.settled():
         time.sleep(0.1)
     session.indexer.wait(30)
     threads = {"quiet_runs": session._quiet.runs, "index_notices": session.indexer.notices}
@@ -164,7 +164,9 @@ def test_cells_on_a_read_only_store(unwritable, tmp_path, monkeypatch):
     assert "Exception in thread" not in done.stderr, done.stderr
     assert done.returncode == 0, done.stderr[-2000:]
     *cells, search, threads = json.loads(done.stdout.split("RESULT ", 1)[1])
-    assert threads["quiet_runs"] >= 1 and threads["index_notices"] == [], threads  # they ran, and said nothing
+    # a store this process may not write is opened read-only: a turn is refused before it starts, so the quiet
+    # fold is never armed, and the indexer, which has no thread there, says nothing
+    assert threads["quiet_runs"] == 0 and threads["index_notices"] == [], threads
     by = {c["cell"]: c for c in cells}
     for c in cells:
         assert c["ok"], c  # nothing escaped the cell: Run All goes on

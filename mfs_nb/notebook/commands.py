@@ -18,7 +18,12 @@ class MfsCommands(NotebookChoices):
     the magics' sessions, store and the notebook's choices."""
 
     store: Any
+    session: Any
     mfs: Any  # the %mfs magic itself (its docstring is the help)
+    _sessions: dict[str, Any]
+    _store: Any
+    _read_only: bool
+    _notebook_read: bool
 
     def get_session(self, name: str | None = None) -> Any:
         raise NotImplementedError
@@ -88,6 +93,8 @@ class MfsCommands(NotebookChoices):
             raise InputError("%mfs new NAME: give exactly one session name")
         if not valid_session_name(rest[0]):
             raise InputError(f"%mfs new: session name {rest[0]!r} is invalid: use letters, digits, '.', '_' or '-'")
+        if self._get_store().read_only:
+            raise InputError(f"%mfs new: {self._get_store().read_only_line()}")
         if rest[0] in self._get_store().sessions() or rest[0] in self._sessions:
             raise InputError(f"%mfs new: session {rest[0]!r} exists already; switch to it with %mfs use {rest[0]}")
         s = self.get_session(rest[0])
@@ -138,10 +145,15 @@ class MfsCommands(NotebookChoices):
               + (" (this session only)" if own else " (every session of this notebook)" if shared else ""))
 
     def _mfs_fork(self, rest: list[str]) -> None:
-        """%mfs fork NAME [focus …]: a new session starting from a summary of this one; %%chat moves to it."""
+        """%mfs fork NAME [focus …]: a new session starting from a summary of this one; %%chat moves to it.
+        %mfs fork NAME --store PATH: this session copied word for word into another (writable) store."""
+        if "--store" in rest:
+            self._fork_into(rest)
+            return
         if not rest:
             raise InputError("%mfs fork NAME [focus]: name the new session")
         parent = self.get_session()
+        parent.check_writable()
         with Progress(self.shell, f"summarising {parent.name} for the fork…"):
             child = parent.fork(rest[0], " ".join(rest[1:]))
         self._adopt(child)
@@ -152,6 +164,71 @@ class MfsCommands(NotebookChoices):
         for notice in getattr(child, "fork_notices", []):
             print(notice)
         print(f"%%chat now talks to {child.name}; {parent.name} is unchanged (%mfs use {parent.name} to go back)")
+
+    def _fork_into(self, rest: list[str]) -> None:
+        """%mfs fork NAME --store PATH: copy this session (log, segments, ledger, state) into the store at
+        PATH under NAME, same uids; the notebook then talks to it there."""
+        at = rest.index("--store")
+        if at + 1 >= len(rest) or rest[at + 1].startswith("--"):
+            raise InputError("%mfs fork NAME --store PATH: name the writable store to copy the session into")
+        where, words = rest[at + 1], rest[:at] + rest[at + 2:]
+        if len(words) != 1:
+            raise InputError("%mfs fork NAME --store PATH: give one session name (the copy is word for word: "
+                             "no focus)")
+        parent = self.get_session()
+        source = parent.store.shown
+        with Progress(self.shell, f"copying {parent.name} into {where}…"):
+            child = parent.copy_to(where, words[0])
+        self._use_store(child.store)
+        self._adopt(child)
+        self._switch(child.name)
+        done = child.copied or {}
+        a, b = done.get("uids", [0, 0])
+        segments = len(child.compactor.segments)
+        print(f"copied {parent.name} into session {child.name} of {child.store.shown}: {done.get('events', 0)} "
+              f"messages as uids {a}–{b}, word for word" + (f", {segments} segments" if segments else "")
+              + (f", {done['snapshots']} attachments" if done.get("snapshots") else ""))
+        print(f"%%chat now talks to {child.name} there; the store at {source} is unchanged "
+              f"(%mfs open {source} --read-only reads it again)")
+
+    def _mfs_open(self, rest: list[str]) -> None:
+        """%mfs open PATH [--read-only]: this notebook's sessions from another store (a folder or a URI);
+        --read-only opens it for reading only (a store this process may not write is opened so anyway)."""
+        from ..store import Store
+        from .magics import nearest_flag
+
+        read_only = "--read-only" in rest
+        words = [w for w in rest if w != "--read-only"]
+        if bad := [w for w in words if w.startswith("--")]:
+            raise InputError(f"%mfs open: unknown option {bad[0]}{nearest_flag(bad[0], ['--read-only'])}")
+        if len(words) != 1:
+            raise InputError("%mfs open PATH [--read-only]: name one store (a folder or a URI)")
+        store = Store(words[0], read_only=read_only)
+        names = store.sessions()
+        self._use_store(store)
+        picked = ""
+        if store.read_only and names and self.session not in names:
+            recent = store.session_times()
+            self.session = max(names, key=lambda n: recent.get(n, ""))
+            picked = f"; %%chat reads {self.session} (the most recent; %mfs use NAME for another)"
+        listed = ", ".join(names[:12]) + (" …" if len(names) > 12 else "")
+        how = ("opened read-only (reading works; %%chat, pin and %compact are refused: %mfs fork NAME --store PATH "
+               "goes on in a writable store)") if store.read_only else "opened"
+        print(f"store {store.shown} {how}: {len(names)} session{'s' if len(names) != 1 else ''}"
+              + (f" ({listed})" if names else "") + (picked or f"; %%chat talks to {self.session}"))
+
+    def _use_store(self, store: Any) -> None:
+        """From now on this notebook's sessions come from `store`; the sessions open so far are closed."""
+        for session in self._sessions.values():
+            try:
+                session.close(wait_s=5)
+            except Exception:  # a session of a store gone away: closing it is a courtesy
+                pass
+        self._sessions = {}
+        self._store = store
+        self._read_only = store.asked_read_only
+        self.store = store.uri
+        self._notebook_read = True  # this store's record of an earlier choice does not override this one
 
     def _mfs_optimize(self, rest: list[str]) -> None:
         """%mfs optimize: compact the store's small fragments and remove its old versions."""
@@ -195,6 +272,8 @@ class MfsCommands(NotebookChoices):
         if rest not in ([], ["--dry-run"]):
             raise InputError(f"%mfs gc: unexpected {' '.join(rest)!r}; use %mfs gc or %mfs gc --dry-run")
         dry = rest == ["--dry-run"]
+        if not dry and self._get_store().read_only:
+            raise InputError(f"%mfs gc: {self._get_store().read_only_line()}")
         live = [e.content for s in self._sessions.values() for e in s.events if snapshots.DIR in e.content]
         gone = snapshots.garbage(self._get_store(), live, ["."], dry_run=dry)
         verb = "would remove" if dry else "removed"

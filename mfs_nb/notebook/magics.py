@@ -116,6 +116,7 @@ class MfsMagics(MfsCommands, Magics, Configurable):
         shell.configurables.append(self)
         self._sessions: dict[str, Any] = {}
         self._store: Any = None
+        self._read_only = False  # `%mfs open PATH --read-only`: the store is opened for reading only
         # the notebook's settings for every session it talks to (model, endpoint; keys stay in the
         # environment, named by the endpoint): set here, kept in the store, read again after a restart
         self._person: dict[str, Any] = {}
@@ -170,7 +171,7 @@ class MfsMagics(MfsCommands, Magics, Configurable):
         if self._store is None:
             from ..store import Store
 
-            self._store = Store(self.store or None)
+            self._store = Store(self.store or None, read_only=self._read_only)
         return self._store
 
     def get_session(self, name: str | None = None) -> Any:
@@ -280,6 +281,7 @@ class MfsMagics(MfsCommands, Magics, Configurable):
                 hint = nearest_flag(words[0], ["--preview", "--undo"])
                 raise InputError(f"%compact: unknown option {words[0]}{hint}; use %compact [focus], "
                                  "%compact --preview [focus] or %compact --undo")
+            session.check_writable()  # before the progress line: a read-only store says so, and only that
             with Progress(self.shell, "organizing context…"):
                 notices = session.compact(line.strip())
         except MfsError as exc:
@@ -362,13 +364,13 @@ class MfsMagics(MfsCommands, Magics, Configurable):
     @no_var_expand  # values are kept as typed: `{x}` and `$x` are not expanded (`%mfs pin` keeps them word for word)
     @line_magic
     def mfs(self, line: str) -> None:
-        """Session management: %mfs status | sessions | new NAME | use NAME | fork NAME [focus] | config [--session] [key=value …] | pin [key=value …] | unpin KEY … | optimize | ledger | cost | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
+        """Session management: %mfs status | sessions | new NAME | use NAME | fork NAME [focus] | fork NAME --store PATH | open PATH [--read-only] | config [--session] [key=value …] | pin [key=value …] | unpin KEY … | optimize | ledger | cost | export FILE.md|FILE.ipynb [--force] | gc [--dry-run] | doctor [--repair] | help"""
         try:
             words = _split(line, literal=line.split(None, 1)[:1] == ["pin"])
             command, rest = (words[0], words[1:]) if words else ("status", [])
             handler: Callable[[list[str]], None] | None = getattr(self, f"_mfs_{command}", None)
             if handler is None:
-                raise InputError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, fork, config, "
+                raise InputError(f"%mfs: unknown command {command!r}; try status, sessions, new, use, fork, open, config, "
                                  "pin, unpin, optimize, ledger, cost, export, gc, doctor, help")
             handler(rest)
         except MfsError as exc:

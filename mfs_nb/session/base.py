@@ -64,6 +64,7 @@ class SessionBase:
     parent: dict[str, Any] | None
     overrides: set[str]
     fork_notices: list[str]
+    copied: dict[str, Any] | None
     last_plan: CallPlan | None
     tools: dict[str, Tool]
     knowledge: KnowledgeSlot
@@ -127,6 +128,12 @@ class SessionBase:
         newer = self.store.load_events(self.name, uid_from=self.last_uid + 1)
         if newer:
             self._events = self._events + [e for e in newer if e.uid > self.last_uid]
+
+    def check_writable(self) -> None:
+        """Raise the store's one line when it is read-only here (`Store.read_only`): what writes asks first,
+        so nothing is half done."""
+        if self.store.read_only:
+            raise StoreError(self.store.read_only_line())
 
     def _busy(self) -> bool:
         """Whether a turn (or another call holding the session's lock) is running now."""
@@ -247,6 +254,7 @@ class SessionBase:
                tool_call_id: str = "", name: str = "", new_turn: bool = False, created_at: str = "") -> Event:
         """Append one event to the log and persist it before returning. Never rewrites anything.
         `created_at`: when it was said, for a message imported from elsewhere (default: now)."""
+        self.check_writable()
         with self._lock:
             # a tool-only round (the model answering tool results) registers a turn start too,
             # so the cold range can be cut there without separating a call from its result
@@ -308,7 +316,10 @@ class SessionBase:
     def _save_meta(self, force: bool = False) -> None:
         """The session's state as one small row (settings, the usage anchor, the breaker, the parent,
         the uid high-water mark), written when it changed since this kernel wrote it (`force`: always,
-        for changes another kernel's row must not hide). The call history is not in it."""
+        for changes another kernel's row must not hide). The call history is not in it. Nothing on a
+        read-only store: a setting changed there holds in this process only."""
+        if self.store.read_only:
+            return
         anchor = {**self._meter.to_json(), "breaker": self._breaker, "parent": self.parent,
                   "last_uid": max(self.last_uid, self._saved_last_uid)}
         if self.overrides:

@@ -107,6 +107,7 @@ class Memory(Intake):
         (`%mfs optimize`, and `quiet.Quiet` after `quiet_maintenance_s` without a turn, which passes
         `stop`). Never while a kernel holds this session's compaction lock (it is taken for the
         duration); its cost and effect are a `maintenance` ledger row."""
+        self.check_writable()
         report = self._maintain(keep_s, trigger, stop)
         if "busy" in report:
             return [f"{report['busy']}; the store was not optimized; try again in a moment"]
@@ -143,7 +144,7 @@ class Memory(Intake):
         every run writes them itself (its row, the compaction lock).
         Nor does it ask while the recall index is still catching up: the index's end starts the clock
         again, and folding its tables every half minute meanwhile only competes with it."""
-        if stop():
+        if stop() or self.store.read_only:
             return None
         report = self._maintain(QUIET_KEEP_S, "quiet", stop)
         if not self.indexer.wait(0):
@@ -162,6 +163,7 @@ class Memory(Intake):
         compacted. Setting a key again replaces its value in place. When the slot would pass its budget
         the entries written longest ago leave; the notices say which. One ledger row per call."""
         items = dict(key) if isinstance(key, dict) else {key: value}
+        self.check_writable()
         with self._lock:
             if not self.settings.knowledge_share:
                 raise InputError("the knowledge slot is off (knowledge_share=0); turn it on with "
@@ -171,6 +173,7 @@ class Memory(Intake):
 
     def unpin(self, *keys: str, by: str = "user") -> list[str]:
         """Remove keys from the knowledge slot (one ledger row)."""
+        self.check_writable()
         with self._lock:
             return self._write_knowledge(self.knowledge.plan_remove(keys), by)
 

@@ -245,11 +245,13 @@ class CallPlanner(Projection):
     def compact(self, focus: str = "") -> list[str]:
         """Compact now (`%compact [focus]`): the same path as the automatic one. Returns notices;
         "nothing to compact" when there is nothing."""
+        self.check_writable()
         with self._lock:
             return self.compactor.compact(self.usage().tier, "manual", focus, manual=True)
 
     def undo_compaction(self) -> list[str]:
         """Retract the newest segment (`%compact --undo`), append-only; notices say what happened."""
+        self.check_writable()
         with self._lock:
             return self.compactor.undo()
 
@@ -260,6 +262,7 @@ class CallPlanner(Projection):
         (one LLM call, in the ledger as a `preview` row); nothing is declared."""
         from ..segments import build
 
+        self.check_writable()
         with self._lock:
             now = self.send_view()
             before = self.usage(now)

@@ -56,12 +56,20 @@ class Session(Memory):
 
     def __init__(self, name: str = "default", store: str | Store | None = None, model: str | None = None,
                  window_tokens: int | None = None, *, llm: ChatModel | None = None, transient: Sequence[str] = (),
-                 **settings: Any):
+                 read_only: bool = False, **settings: Any):
         if not isinstance(name, str) or not _NAME.match(name):
             raise ConfigError(f"session name {name!r} is invalid: use 1-64 letters, digits, '.', '_' or '-'")
         self.name = name
-        self.store = store if isinstance(store, Store) else Store(store)
+        if isinstance(store, Store) and (store.read_only or not read_only):
+            self.store = store
+        else:  # `read_only`: the store opened for reading, whatever this process may do there
+            self.store = Store(store.uri if isinstance(store, Store) else store, read_only=read_only)
         meta = self.store.load_meta(name)
+        if self.store.read_only and not meta and name not in self.store.sessions():
+            names = self.store.sessions()
+            listed = ", ".join(names[:12]) + (" …" if len(names) > 12 else "") if names else "none"
+            raise InputError(f"there is no session {name!r} in the store at {self.store.shown}, which is read-only "
+                             f"here, so it cannot be made; its sessions: {listed} (%mfs use NAME reads one)")
         explicit = {k: v for k, v in {"model": model, "window_tokens": window_tokens, **settings}.items()
                     if v is not None}
         saved = dict(meta.get("settings") or {})
@@ -95,6 +103,7 @@ class Session(Memory):
         # follow the notebook's choice (model, endpoint), applied by the notebook boundary
         self.overrides: set[str] = set((meta.get("anchor") or {}).get("overrides") or [])
         self.fork_notices: list[str] = []  # what making this session as a fork had to say
+        self.copied: dict[str, Any] | None = None  # what `copy_to` carried here, on the copy it returns
         self._language: tuple[int, str | None] | None = None
         ledger = self.store.load_ledger(name)
         self._ledger_seq = len(ledger)
@@ -158,6 +167,7 @@ class Session(Memory):
         follows a `---` line is the user's own note), `docs` (files attached as content-addressed
         snapshots), `own` (own words, whatever their length). A long paste that looks like a
         document becomes a snapshot on its own, and the reply says so."""
+        self.check_writable()
         notices: list[str] = []
         attached = [read_document(p) for p in docs]  # every file is checked before anything is written
         if attached and (text is None or (isinstance(text, str) and not text.strip())):
@@ -298,6 +308,7 @@ class Session(Memory):
         stopping the cell) is finished by the next `fork` to the same name from the same parent."""
         if not isinstance(name, str) or not _NAME.match(name):
             raise InputError(f"cannot fork to {name!r}: a session name is 1-64 letters, digits, '.', '_' or '-'")
+        self.check_writable()
         with self._lock:
             self._catch_up()
             if not self._events:
@@ -342,6 +353,24 @@ class Session(Memory):
             self._log("fork", child=name, uid_to=events[-1].uid)
             child.fork_notices = notices
             return child
+
+    def copy_to(self, store: str | Store, name: str | None = None) -> Session:
+        """This session carried into another store, word for word (`%mfs fork NAME --store PATH`): the log
+        under the same uids, the segments, ledger, verdicts and saved state, the snapshots its messages
+        name; returns the copy, opened there. The way to go on with a session read from a read-only store.
+        A copy that stopped half-way is finished by the same call; this session is untouched."""
+        from ..store.copying import copy_session
+
+        name = name or self.name
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise InputError(f"cannot copy to {name!r}: a session name is 1-64 letters, digits, '.', '_' or '-'")
+        target = store if isinstance(store, Store) else Store(store)
+        with self._lock:
+            self._catch_up()
+            report = copy_session(self.store, self.name, target, name, self._writer)
+        copy = Session(name, store=target, llm=self._injected_llm)
+        copy.copied = report
+        return copy
 
     def _copy_verdicts(self, child: Session, upto: int) -> None:
         """The fork inherits how this session classified each user message (a pasted AI reply stays

@@ -58,20 +58,37 @@ _FOLD_KEEP_S = 15.0
 _FOLD_BESIDE = ("events",)
 
 
+def _read_only_mount(path: str) -> bool:
+    """Whether the file system holding `path` is mounted read-only."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
 class StoreCore:
     """One LanceDB database holding any number of sessions."""
 
-    def __init__(self, uri: str | os.PathLike[str] | None = None):
+    def __init__(self, uri: str | os.PathLike[str] | None = None, *, read_only: bool = False):
         self.uri = resolve_uri(uri)
+        # opened for reading only: asked for (`read_only`), or a local folder this process may not write
+        # (a read-only mount, another user's folder); every write is refused before it starts, in one line
+        self.asked_read_only = bool(read_only)
+        self.read_only = self.asked_read_only or (self.is_local and os.path.isdir(self.uri)
+                                                  and not os.access(self.uri, os.W_OK))
         try:
             lancedb = lancedb_module()
 
             # Every read sees the latest version, so another kernel's writes are never missed.
             self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0), session=_lance_session())
             self._check_core_tables()
+            if self.read_only and not _table_names(self._db):
+                raise StoreError(f"there is no mfs_nb store at {self.shown} to read (no tables there); "
+                                 "a store opened read-only is never created")
             self._events = self._table("events", EVENTS_SCHEMA, stable_ids=True)
             self._first_commit = (self._events.schema.metadata or {}).items() >= _FIRST_COMMIT.items()
-            _ensure_event_indexes(self._events)
+            if not self.read_only:
+                _ensure_event_indexes(self._events)
             self._sessions = self._table("sessions", SESSIONS_SCHEMA)
             self._ledger = self._table("ledger", LEDGER_SCHEMA)
             self._compactions = self._table("compactions", COMPACTIONS_SCHEMA)
@@ -118,17 +135,18 @@ class StoreCore:
             """A folder whose writes on a read-only store say so in one line (`StoreError`)."""
 
             def touch(self, rel: str) -> None:
-                with _unwritable(uri, "attachments folder"):
+                with store._writing("attachments folder"), _unwritable(uri, "attachments folder"):
                     super().touch(rel)
 
             def put(self, rel: str, data: bytes) -> None:
-                with _unwritable(uri, "attachments folder"):
+                with store._writing("attachments folder"), _unwritable(uri, "attachments folder"):
                     super().put(rel, data)
 
             def remove(self, rel: str) -> None:
-                with _unwritable(uri, "attachments folder"):
+                with store._writing("attachments folder"), _unwritable(uri, "attachments folder"):
                     super().remove(rel)
 
+        store = self
         return LocalFiles(uri)
 
     @property
@@ -136,9 +154,21 @@ class StoreCore:
         return "://" not in self.uri
 
     def writable(self) -> bool:
-        """Whether this process may write the store's folder (a read-only mount, or a folder of another
-        user, says no); a store on object storage is taken as writable (a write says otherwise)."""
-        return not self.is_local or os.access(self.uri, os.W_OK)
+        """Whether this process may write the store: not when it was opened read-only, nor a folder it may
+        not write (a read-only mount, a folder of another user); a store on object storage is taken as
+        writable (a write says otherwise)."""
+        return not self.read_only and (not self.is_local or os.access(self.uri, os.W_OK))
+
+    def read_only_line(self) -> str:
+        """The one line every write on a read-only store answers: why it is read-only, and how to go on."""
+        if self.asked_read_only:
+            why = "opened read-only"
+        elif self.is_local and _read_only_mount(self.uri):
+            why = "read-only (a read-only file system)"
+        else:
+            why = "read-only for this user (no permission to write its folder)"
+        return (f"the store at {self.shown} is {why}: nothing new can be saved there; to go on, copy the session "
+                "into a writable store with `%mfs fork NAME --store PATH` (or set MFS_STORE to a writable folder)")
 
     def _check_core_tables(self) -> None:
         """A store that has tables but lacks the events or sessions table is damaged: say so, naming
@@ -164,6 +194,9 @@ class StoreCore:
         try:
             return self._db.open_table(name)
         except (FileNotFoundError, ValueError):
+            if self.read_only:  # nothing is created in a store opened for reading
+                raise StoreError(f"table {name} is not in the store at {self.shown}, which is read-only here, so it "
+                                 "cannot be made; open the store writable once (a newer mfs_nb adds it)") from None
             try:
                 return _create(self._db, name, schema, stable_ids=stable_ids)
             except Exception as exc:  # another kernel created it between our two calls (a commit conflict on S3)
@@ -178,7 +211,16 @@ class StoreCore:
 
     @contextmanager
     def _writing(self, table: str) -> Iterator[None]:
-        """A failed write (read-only store, full disk, damaged table) is one line naming the table."""
+        """A failed write (read-only store, full disk, damaged table) is one line naming the table; on a
+        store opened read-only the write is refused before it starts."""
+        if self.read_only:
+            raise StoreError(self.read_only_line())
+        with self._reading(table):
+            yield
+
+    @contextmanager
+    def _reading(self, table: str) -> Iterator[None]:
+        """A failed read of the table (gone, damaged, unreachable) is one line naming it."""
         try:
             yield
         except StoreError:
@@ -192,6 +234,8 @@ class StoreCore:
         state row, leases, compactions, ledger, verdicts, vectors. The log's fold grows with the log, so it
         runs beside the turn (`_fold_beside`); the others are small, or grow slowly, and fold in place."""
         self._writes[name] = n = self._writes.get(name, 0) + 1
+        if self.read_only:
+            return
         if n % _FOLD_OFTEN.get(name, _OPTIMIZE_EVERY) == 0:
             if name in _FOLD_BESIDE:
                 self._fold_beside(name)
@@ -246,6 +290,8 @@ class StoreCore:
         table, versions, fragments and bytes before and after; a table that fails is reported, the
         others go on. Nothing a session reads is changed: only how the tables are laid out. `stop()`
         true between two tables ends it there (`stopped` in the report)."""
+        if self.read_only:
+            raise StoreError(self.read_only_line())
         started = time.monotonic()
         report: dict[str, Any] = {"tables": {}, "errors": {}, "stopped": False}
         for name in sorted(_table_names(self._db)):

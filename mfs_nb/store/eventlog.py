@@ -37,6 +37,8 @@ class EventLog(StoreCore):
         rows = [e.to_row(writer) for e in events]
         if not rows:
             return
+        if self.read_only:
+            raise StoreError(self.read_only_line())
         with self._lock, self._exclusive() as alone:
             self._append(rows, alone)
 

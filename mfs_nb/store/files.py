@@ -23,7 +23,7 @@ class TableFiles:
         return self.store._table("files", FILES_SCHEMA)
 
     def exists(self, rel: str) -> bool:
-        with self.store._writing("files"):
+        with self.store._reading("files"):
             return bool(self._table().count_rows(f"path = {_quote(rel)}"))
 
     def touch(self, rel: str) -> None:
@@ -37,7 +37,7 @@ class TableFiles:
             self._table().merge_insert("path").when_not_matched_insert_all().execute(row)
 
     def listing(self) -> list[tuple[str, int, float]]:
-        with self.store._writing("files"):
+        with self.store._reading("files"):
             table = self._table()
             if not table.count_rows():
                 return []

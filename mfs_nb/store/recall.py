@@ -273,6 +273,8 @@ class RecallTables(StoreCore):
         until they are removed every fold leaves a full copy behind (they were kept until the next
         quiet moment, which a session whose index is still catching up does not reach). `between` is
         called before each table's fold (the background indexer waits there while a turn runs)."""
+        if self.read_only:
+            raise StoreError(self.read_only_line())
         done: dict[str, Any] = {}
         keep = self._keep()
         between()

@@ -39,6 +39,13 @@ class StateTables(StoreCore):
             "created_at": row["created_at"],
         }
 
+    def session_times(self) -> dict[str, str]:
+        """Each session with a state row, and when that row was last written (ISO time)."""
+        if not self._sessions.count_rows():
+            return {}
+        table = self._sessions.to_arrow().select(["session", "updated_at"]).to_pylist()
+        return {r["session"]: r["updated_at"] or "" for r in table}
+
     def save_meta(self, session: str, *, settings: dict[str, Any], anchor: Any) -> None:
         """Write the session's settings and anchor (secrets must already be removed)."""
         created = self._created.get(session)
@@ -105,7 +112,7 @@ class StateTables(StoreCore):
     def append_lease(self, session: str, claim: str, kind: str, owner: str, expires: float, n: int = 0) -> None:
         row = {"key": f"{session}\x1f{claim}\x1f{kind}\x1f{n}", "session": session, "claim": claim, "kind": kind,
                "owner": owner, "expires": float(expires), "time": now_iso()}
-        with self._lock:
+        with self._lock, self._writing("leases"):
             try:
                 (
                     self._leases.merge_insert("key")
