@@ -263,3 +263,155 @@ def test_doctor_reads_a_read_only_store(unwritable, tmp_path):
     done = _doctor_cli(["--store", str(folder)], unwritable, folder)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     assert "session default: uids 1–4 present" in done.stdout
+
+
+_OPEN_SCRIPT = textwrap.dedent('''
+    import asyncio, contextlib, io, json, os, sys
+    from IPython.core.interactiveshell import InteractiveShell
+    from traitlets.config import Config
+
+    store, writable, export = sys.argv[1], sys.argv[2], sys.argv[3]
+    cfg = Config()
+    cfg.HistoryManager.enabled = False
+    shell = InteractiveShell.instance(config=cfg)
+    shell.run_cell("%load_ext mfs_nb")
+    reading = [f"%mfs open {store}", '%recall "budget"', "%recall 1-2", "%context", "%mfs status", "%mfs ledger",
+               f"%mfs export {export}", "%mfs sessions", "%mfs cost", "%mfs pin", "%mfs config"]
+    writing = ["%%chat\\nstill there?", "%mfs pin region=eu-west-1", "%mfs unpin db", "%compact", "%compact --undo",
+               "%mfs new other", "%mfs optimize", "%mfs gc", "%mfs fork sidetrack"]
+    after = [f"%mfs fork cont --store {writable}", "%%chat\\nand the deploy day?", "%recall 1-6", "%mfs pin"]
+    out = []
+    for cell in reading + writing + after:
+        o, e = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+            result = shell.run_cell(cell)
+        out.append({"cell": cell, "ok": result.success, "out": o.getvalue(), "err": e.getvalue()})
+
+    from mcp import Client
+    from mfs_nb.mcp_server import Memory, build
+    from mfs_nb.store import Store
+
+    async def mcp() -> dict:
+        said = {}
+        for writes in (False, True):
+            async with Client(build(Memory(Store(store), allow_writes=writes))) as client:
+                for name, args in [("list_sessions", {}), ("recall_search", {"query": "budget"}),
+                                   ("recall_history", {"session": "analysis", "uid_from": 1, "uid_to": 4}),
+                                   ("context", {"session": "analysis"}),
+                                   ("pin", {"session": "analysis", "key": "k", "value": "v"}),
+                                   ("append_note", {"session": "analysis", "text": "a note"})]:
+                    r = await client.call_tool(name, args)
+                    said[f"{name}{'+w' if writes else ''}"] = [r.is_error, "\\n".join(c.text for c in r.content)]
+                for uri in ("mfs://analysis/export.md", "mfs://analysis/ledger.json"):
+                    said[uri] = (await client.read_resource(uri)).contents[0].text[:2000]
+        return said
+
+    out.append(asyncio.run(mcp()))
+    print("RESULT " + json.dumps(out), flush=True)
+    os._exit(0)
+''')
+
+
+def _analysis(path: Path) -> list[tuple[int, str]]:
+    from mfs_nb.session import Session
+    from mfs_nb.store import Store
+
+    s = Session("analysis", store=Store(path))
+    s.chat("Our budget is 40k euros; keep the connection pool small.")
+    s.chat("Deploy on Friday, after the review.")
+    s.pin("db", "postgres 15")
+    s.close()
+    return [(e.uid, e.content) for e in s.store.load_events("analysis")]
+
+
+def test_every_reading_cell_and_mcp_tool_works_on_a_read_only_store_and_a_fork_goes_on_elsewhere(unwritable, tmp_path):
+    """Issue 69: a store met read-only is read by every reading magic and MCP tool with no traceback; every
+    writing one says so in one `mfs:` line; `%mfs fork NAME --store PATH` carries the session, same uids,
+    into a writable store, and the conversation goes on there."""
+    stores = tmp_path / "stores"
+    before = _analysis(stores / "team")
+    files = sorted(str(p.relative_to(stores)) for p in stores.rglob("*"))
+    script = tmp_path / "open.py"
+    script.write_text(_OPEN_SCRIPT)
+    writable, export = tmp_path / "mine", tmp_path / "export.md"
+    done = unwritable(stores, [sys.executable, str(script), str(stores / "team"), str(writable), str(export)])
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-2000:]
+    *cells, mcp = json.loads(done.stdout.split("RESULT ", 1)[1])
+    by = {c["cell"]: c for c in cells}
+    for c in cells:
+        assert c["ok"] and "Traceback" not in c["out"] + c["err"], c
+    opened = by[f"%mfs open {stores / 'team'}"]["out"]
+    assert "read-only" in opened and "%%chat reads analysis" in opened, opened  # the notebook's default is not there
+    for cell in ('%recall "budget"', "%recall 1-2", "%context", "%mfs status", "%mfs ledger", f"%mfs export {export}",
+                 "%mfs sessions", "%mfs cost", "%mfs pin", "%mfs config"):
+        assert by[cell]["err"] == "" and by[cell]["out"].strip(), by[cell]
+    assert "Our budget is 40k euros" in by['%recall "budget"']["out"] and "db = 'postgres 15'" in by["%mfs pin"]["out"]
+    assert "read-only" in by['%recall "budget"']["out"]  # search says how far the index it reads has come
+    assert "Deploy on Friday" in export.read_text()
+    for cell in ("%%chat\nstill there?", "%mfs pin region=eu-west-1", "%mfs unpin db", "%compact", "%compact --undo",
+                 "%mfs new other", "%mfs optimize", "%mfs gc", "%mfs fork sidetrack"):
+        lines = by[cell]["err"].splitlines()
+        assert len(lines) == 1 and lines[0].startswith("mfs: ") and "read-only" in lines[0], (cell, by[cell])
+        assert "%mfs fork NAME --store PATH" in lines[0], lines[0]
+    copied = by[f"%mfs fork cont --store {writable}"]["out"]
+    assert "4 messages as uids 1–4, word for word" in copied, copied
+    assert "Deploy on Friday" in by["%recall 1-6"]["out"] and "and the deploy day?" in by["%recall 1-6"]["out"]
+    assert "[#5 user" in by["%recall 1-6"]["out"] and "db = 'postgres 15'" in by["%mfs pin"]["out"]
+    for name in ("list_sessions", "recall_search", "recall_history", "context", "list_sessions+w", "context+w"):
+        assert mcp[name][0] is False, (name, mcp[name])
+    assert "Our budget is 40k euros" in mcp["recall_history"][1] and "analysis" in mcp["list_sessions"][1]
+    assert "# mfs_nb session `analysis`" in mcp["mfs://analysis/export.md"]
+    assert mcp["pin"][0] and "--allow-writes" in mcp["pin"][1]
+    for name in ("pin+w", "append_note+w"):
+        assert mcp[name][0] and "read-only" in mcp[name][1] and "\n" not in mcp[name][1], (name, mcp[name])
+    # the read-only store is as it was; the copy is a store of its own that goes on from uid 5
+    assert sorted(str(p.relative_to(stores)) for p in stores.rglob("*")) == files
+    from mfs_nb.session import Session
+    from mfs_nb.store import Store
+
+    assert [(e.uid, e.content) for e in Store(stores / "team").load_events("analysis")] == before
+    mine = Session("cont", store=Store(writable))
+    assert [(e.uid, e.content) for e in mine.events][:4] == before and mine.last_uid == 6
+    mine.close()
+
+
+def test_a_copy_keeps_uids_segments_and_pins_and_a_stopped_copy_is_finished(tmp_path):
+    from mfs_nb.errors import InputError, StoreError
+    from mfs_nb.session import Session
+    from mfs_nb.store import Store
+
+    s = Session("long", store=tmp_path / "a")
+    for i in range(8):
+        s.chat(f"Step {i}: the pool size is {10 + i} and the log is at /var/log/app-{i}.log")
+    s.pin("owner", "ana")
+    assert s.compact() and s.compactor.segments
+    s.close()
+    ro = Session("long", store=tmp_path / "a", read_only=True)
+    assert ro.store.read_only and not ro.store.writable()
+    with pytest.raises(StoreError, match="opened read-only"):
+        ro.chat("x")
+    with pytest.raises(InputError, match="no session 'nope'"):
+        Session("nope", store=ro.store)
+    target = Store(tmp_path / "b")
+    # a copy that stopped after the log (the state row never came): the same call finishes it
+    from mfs_nb.store import copying
+
+    real = copying._rows
+    copying._rows = lambda *a: (_ for _ in ()).throw(KeyboardInterrupt())
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ro.copy_to(target, "long")
+    finally:
+        copying._rows = real
+    copy = ro.copy_to(target, "long")
+    assert [(e.uid, e.sha256) for e in copy.events] == [(e.uid, e.sha256) for e in ro.events]
+    assert [(x.uid_from, x.uid_to, x.render()) for x in copy.compactor.segments] == \
+        [(x.uid_from, x.uid_to, x.render()) for x in ro.compactor.segments]
+    assert copy.knowledge.entries["owner"].value == "ana"
+    assert copy.send_view().messages == ro.send_view().messages  # the model would be sent the same
+    copy.chat("go on")
+    assert copy.last_uid == ro.last_uid + 2
+    with pytest.raises(InputError, match="has gone on"):  # copied again over a copy that went on: refused
+        ro.copy_to(target, "long")
+    copy.close()

@@ -234,8 +234,10 @@ class MfsCommands(NotebookChoices):
         """%mfs optimize: compact the store's small fragments and remove its old versions."""
         if rest:
             raise InputError("%mfs optimize takes no arguments")
+        session = self.get_session()
+        session.check_writable()  # before the progress line: a read-only store says so, and only that
         with Progress(self.shell, "optimizing the store…"):
-            notices = self.get_session().optimize()
+            notices = session.optimize()
         for notice in notices:
             print(notice)
 
