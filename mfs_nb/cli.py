@@ -33,13 +33,16 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--json", dest="as_json", action="store_true", help="one JSON object per hit, one per line")
     i = sub.add_parser("import", help="bring other assistants' transcripts into sessions, word for word and recallable",
                        description="Import Claude Code session files (~/.claude/projects/*/*.jsonl), Codex CLI rollouts "
-                                   "(~/.codex/sessions/**/rollout-*.jsonl) or OpenAI-format JSONL: one session per "
-                                   "transcript, times kept, keys removed. Importing again adds only what is new.")
-    i.add_argument("files", nargs="+", help="transcript files")
+                                   "(~/.codex/sessions/**/rollout-*.jsonl), OpenAI-format JSONL, and ChatGPT or "
+                                   "claude.ai account exports (conversations.json, or the export's zip): one session "
+                                   "per transcript or conversation, times kept, keys removed. Importing again adds "
+                                   "only what is new.")
+    i.add_argument("files", nargs="+", help="transcript files, or an account export (conversations.json or its zip)")
     i.add_argument("--store", help="the store (default: $MFS_STORE, else ./.mfs); made if it does not exist")
     i.add_argument("--session", help="session name (one file only; default: from the transcript, e.g. claude-1a2b3c4d)")
-    i.add_argument("--format", default="auto", choices=("auto", "claude-code", "codex", "openai"),
-                   help="transcript format (default: told from its lines)")
+    i.add_argument("--format", default="auto", choices=("auto", "claude-code", "codex", "openai", "chatgpt", "claude-ai"),
+                   help="transcript format (default: told from the file)")
+    i.add_argument("--since", help="only conversations active on or after this ISO date (e.g. 2026-11-01)")
     i.add_argument("--compact", action="store_true",
                    help="run the memory layer over the messages too, as `replay` does (segments, tracks)")
     i.add_argument("--window", type=int, help="with --compact: the model window in tokens")
@@ -138,28 +141,80 @@ def _replay(args: Any) -> int:
 
 
 def _import(args: Any) -> int:
-    from . import transcripts
-    from .importer import describe, import_transcript, open_store, to_json
+    from . import accounts, transcripts
+    from .errors import InputError
+    from .importer import describe, fold_index, import_transcript, open_store, to_json
 
-    if args.session and len(args.files) > 1:
-        print("mfs-nb: --session names one session; import one file at a time with it", file=sys.stderr)
-        return 2
-    read = [transcripts.read(f, args.format) for f in args.files]  # every file is read before anything is written
+    since = _since(args.since) if args.since else ""
+    read: list[Any] = []  # every file is read before anything is written
+    exports: list[Any] = []
+    for f in args.files:
+        if args.format in accounts.KINDS or (args.format == "auto" and accounts.is_account_export(f)):
+            export = accounts.read_export(f)
+            exports.append(export)
+            read += [t for t in export.conversations
+                     if not since or (t.updated or t.messages[-1].created_at or since) >= since]
+        else:
+            t = transcripts.read(f, args.format)
+            if not since or (t.messages[-1].created_at or since) >= since:
+                read.append(t)
+    if args.session and len(read) > 1:
+        raise InputError("--session names one session; import one transcript at a time with it")
     store = open_store(args.store, create=True)
+    for export in exports:
+        for notice in export.notices:
+            print(f"mfs-nb: {notice}", file=sys.stderr)
+    many = len(read) > 20  # an account export: one bar over its conversations, one line at the end
+    bar = Progress("import", len(read), "conversations") if many else None
+    totals = {"sessions": 0, "added": 0, "unchanged": 0}
+    names = set(store.sessions()) if many else None
     for t in read:
-        progress = Progress(f"import {Path(t.path).name}", len(t.messages), "messages")
+        progress = None if many else Progress(f"import {Path(t.path).name}", len(t.messages), "messages")
 
-        def step(done: int, total: int, bar: Progress = progress) -> None:
-            bar.step()
+        def step(done: int, total: int, p: Any = progress) -> None:
+            if p is not None:
+                p.step()
 
         report = import_transcript(t, store, args.session, compact=args.compact, window=args.window,
-                                   model=args.model, on_message=step)
-        progress.close()
-        print(to_json(report) if args.as_json else describe(report))
+                                   model=args.model, on_message=step, fold=not many, names=names)
+        if progress is not None:
+            progress.close()
+        if bar is not None:
+            bar.step(report["session"])
+        totals["sessions"] += 1
+        totals["added"] += report["added"]
+        totals["unchanged"] += not report["added"]
+        if args.as_json:
+            print(to_json({**report, "title": t.title} if t.title else report))
+        elif not many:
+            print(describe(report) + (f"  ({t.title})" if t.title else ""))
+    if bar is not None:
+        bar.close()
+        if totals["added"] and (why := fold_index(store)):
+            print(f"mfs-nb: the full-text index was not folded ({why}): search reads the new rows directly",
+                  file=sys.stderr)
+        if not args.as_json:
+            print(f"{totals['sessions']} conversations: {totals['added']:,} messages imported, "
+                  f"{totals['unchanged']} with nothing new (`mfs-nb search` or `%mfs sessions` lists them)")
     if not args.as_json:
         print(f"store: {store.shown}; full text is indexed now, vectors where a session is next opened "
               f"(`mfs-nb mcp --store {store.shown}`, a notebook)")
-    return 0
+    problems = [e.problem for e in exports if e.problem]
+    for problem in problems:
+        print(f"mfs-nb: {problem}", file=sys.stderr)
+    return 2 if problems else 0
+
+
+def _since(value: str) -> str:
+    """`--since` as the start of an ISO time the log's times compare with."""
+    from datetime import date
+
+    from .errors import InputError
+
+    try:
+        return date.fromisoformat(value[:10]).isoformat()
+    except ValueError:
+        raise InputError(f"--since {value!r}: give an ISO date like 2026-11-01") from None
 
 
 def _search(args: Any) -> int:

@@ -44,10 +44,32 @@ def open_store(uri: str | None, create: bool) -> Store:
 
 
 def _clean(message: Message) -> Message:
+    """Keys removed; an attached file's text (an account export's) as the chat attaches a document: its
+    snapshot named in the message (the path is its content's hash, so the same at every import) and the
+    first `INLINE_CHARS` of it there."""
+    from .accounts import INLINE_CHARS
+    from .origin import attachment_block
+    from .snapshots import snapshot_path
+
     calls = [{**c, "function": {**c["function"], "arguments": redact(c["function"]["arguments"])}}
              for c in message.tool_calls]
-    return Message(message.role, clean_text(redact(message.content)), calls, message.tool_call_id, message.name,
-                   message.created_at, message.origin)
+    content = redact(message.content)
+    documents = [(name, clean_text(redact(text))) for name, text in message.documents]
+    for name, text in documents:
+        rel = snapshot_path(content_hash_bytes(text), name)
+        inline = text if len(text) <= INLINE_CHARS else (
+            text[:INLINE_CHARS] + f"\n[truncated: {INLINE_CHARS:,} of {len(text):,} chars are inline; the snapshot "
+            f"{rel} holds all of it]")
+        content = "\n\n".join(([content] if content.strip() else []) + [attachment_block(rel, len(text), inline)])
+    return Message(message.role, clean_text(content), calls, message.tool_call_id, message.name,
+                   message.created_at, message.origin, documents)
+
+
+def content_hash_bytes(text: str) -> str:
+    """The sha256 a snapshot of `text` is stored under (`snapshots.write`)."""
+    import hashlib
+
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _resume_at(existing: list[Any], messages: list[Message], name: str, shown: str) -> int:
@@ -61,16 +83,21 @@ def _resume_at(existing: list[Any], messages: list[Message], name: str, shown: s
 
 def import_transcript(transcript: Transcript, store: Store, session: str | None = None, *, compact: bool = False,
                       window: int | None = None, model: str | None = None,
-                      on_message: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                      on_message: Callable[[int, int], None] | None = None, fold: bool = True,
+                      names: set[str] | None = None) -> dict[str, Any]:
     """Write the transcript's messages into `session` (default: its suggested name); return what was done:
-    {session, format, messages, added, kept, bad_lines, uids, segments}."""
+    {session, format, messages, added, kept, bad_lines, uids, segments}. Many transcripts in a row (an
+    account export): `fold` False leaves the full-text index's fold to the caller, once at the end
+    (`fold_index`), and `names`, the store's sessions, read once, saves reading them for each (the new
+    session's name is added to it)."""
+    from . import snapshots
     from .session import Session, valid_session_name
 
     name = session or transcript.suggested_name()
     if not valid_session_name(name):
         raise InputError(f"session name {name!r} is invalid: use 1-64 letters, digits, '.', '_' or '-'")
     messages = [_clean(m) for m in transcript.messages]
-    existing = store.load_events(name) if name in store.sessions() else []
+    existing = store.load_events(name) if name in (store.sessions() if names is None else names) else []
     start = _resume_at(existing, messages, name, store.shown)
     tail = messages[start:]
     report: dict[str, Any] = {"session": name, "format": transcript.format, "messages": len(messages),
@@ -85,20 +112,32 @@ def import_transcript(transcript: Transcript, store: Store, session: str | None 
         for i, m in enumerate(tail, 1):
             if compact and m.role == "assistant":
                 s.prepare_call()  # the call the model would have had here: what compacts, as in a replay
+            for doc_name, text in m.documents:  # the snapshot the message names, before the message
+                snapshots.write(store.files, text, doc_name)
             # word for word: not through the chat's channel, which would make a long paste a snapshot
             s.record(m.role, m.content, tool_calls=m.tool_calls or None, tool_call_id=m.tool_call_id, name=m.name,
                      origin=m.origin or m.role, new_turn=m.role == "user", created_at=m.created_at)
             if on_message:
                 on_message(i, len(tail))
         s.indexer.catch_up(vectors=False)  # full text now; vectors where the session is next opened
-        try:  # the rows into the full-text index itself: unfolded, every search reads them all (20 ms, not 5)
-            store.optimize_recall(None)
-        except Exception as exc:  # an optimisation: search still finds them, and the next fold folds them
-            report["fold_failed"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        if names is not None:
+            names.add(name)
+        if fold and (why := fold_index(store)):
+            report["fold_failed"] = why
         report.update(uids=[first, s.last_uid], segments=len(s.compactor.segments) if compact else None)
     finally:
         s.indexer.close(wait_s=30)
     return report
+
+
+def fold_index(store: Store) -> str | None:
+    """The imported rows into the full-text index itself (unfolded, every search reads them all: 20 ms, not
+    5); None, or why it failed (an optimisation: search still finds them, and the next fold folds them)."""
+    try:
+        store.optimize_recall(None)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    return None
 
 
 def describe(report: dict[str, Any]) -> str:

@@ -34,6 +34,7 @@ class Message:
     name: str = ""
     created_at: str = ""
     origin: str = ""
+    documents: list[tuple[str, str]] = field(default_factory=list)  # (file name, text) attached to it
 
 
 @dataclass
@@ -46,9 +47,15 @@ class Transcript:
     messages: list[Message]
     source_id: str = ""
     bad_lines: list[int] = field(default_factory=list)
+    title: str = ""  # an account export's conversation: its title, last activity and session name
+    updated: str = ""
+    name: str = ""
 
     def suggested_name(self) -> str:
-        """A session name from the transcript: `claude-<id>`, `codex-<id>`, else the file's name."""
+        """A session name from the transcript: `claude-<id>`, `codex-<id>`, else the file's name (an account
+        export's conversation: from its title, `accounts.session_name`)."""
+        if self.name:
+            return self.name
         prefix = {"claude-code": "claude-", "codex": "codex-"}.get(self.format, "")
         base = self.source_id[:8] if self.source_id and prefix else Path(self.path).stem
         name = re.sub(r"[^A-Za-z0-9_.-]+", "-", prefix + base).strip("-.") or "imported"
