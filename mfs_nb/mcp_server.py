@@ -36,6 +36,9 @@ MAX_K = 100
 PAGE_CHARS = MAX_RESULT_CHARS  # a page of `context`, an export or a ledger: what a memory tool returns at most
 NAMES_S = 5.0
 SEARCH_THREADS = 4  # sessions searched side by side in one recall_search
+FETCH_AROUND = 2  # `fetch` returns the message and this many on each side
+WATCH_S = 2.0  # how often the server looks for sessions that changed (`watch`), for the change notifications
+SESSIONS_URI = "mfs://sessions"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 INSTRUCTIONS = (
     "Long-term memory of notebook conversations (mfs_nb) and of imported assistant transcripts. "
@@ -52,9 +55,10 @@ class Refused(MfsError):
 class Memory:
     """The server's side of a store: sessions opened on first use and kept, each refreshed before a read."""
 
-    def __init__(self, store: Store, allow_writes: bool = False):
+    def __init__(self, store: Store, allow_writes: bool = False, watch_s: float = WATCH_S):
         self.store = store
         self.allow_writes = allow_writes
+        self.watch_s = watch_s
         self._open: dict[str, Session] = {}
         self._names: tuple[float, list[str]] | None = None
         self._lock = threading.Lock()
@@ -199,6 +203,53 @@ class Memory:
         rows = self.session(session).ledger()
         return _page(redact(json.dumps(rows, ensure_ascii=False, indent=1, default=str)), page)
 
+    # -- the search / fetch pair (the shape ChatGPT's connectors and deep-research clients call) ----
+    def search(self, query: Any) -> str:
+        """`{"results": [{"id", "title", "url"}]}` over every session: ids `session:uid`, for `fetch`."""
+        if not isinstance(query, str) or not query.strip():
+            raise Refused("query must be some words to look for")
+        if len(query) > MAX_QUERY_CHARS:
+            raise Refused(f"query is {len(query):,} characters; at most {MAX_QUERY_CHARS:,}: use a few keywords")
+        names = self.names()
+        results: list[dict[str, str]] = []
+        if names:
+            with reading():
+                found: list[tuple[float, str, Any]] = []
+                for name in names:
+                    found += [(hit.score, name, hit) for hit in self.session(name).search(query, PAGE)]
+            found.sort(key=lambda x: -x[0])
+            for _, name, hit in found[:PAGE]:
+                when = _created(self.session(name, refresh=False).events, hit.uid)
+                what = f"#{hit.uid} {hit.role}" if hit.kind == "event" else f"summary of #{hit.uid}–{hit.uid_to}"
+                snippet = " ".join(hit.snippet.split())[:100]
+                results.append({"id": f"{name}:{hit.uid}",
+                                "title": redact(f"{name} {what}" + (f" · {when[:10]}" if when else "") + f": {snippet}"),
+                                "url": f"mfs://{name}/export.md#uid-{hit.uid}"})
+        return json.dumps({"results": results}, ensure_ascii=False)
+
+    def fetch(self, id: Any) -> str:
+        """The message `session:uid` word for word, with `FETCH_AROUND` messages on each side."""
+        name, _, uid = str(id).rpartition(":")
+        if not name or not uid.isdigit():
+            raise Refused(f"id must be session:uid as search returns it (e.g. analysis:12), not {id!r}")
+        s = self.session(name)
+        at = int(uid)
+        events = s.recall(max(1, at - FETCH_AROUND), min(at + FETCH_AROUND, s.last_uid)) if 1 <= at <= s.last_uid else []
+        if not any(e.uid == at for e in events):
+            raise Refused(f"session {name!r} has no message with uid {at} (its uids are 1–{s.last_uid})")
+        text = format_events(events, memory_result_chars(s.profile().effective), s.retried())
+        when = _created(s.events, at)
+        return json.dumps({"id": f"{name}:{at}", "title": f"{name} #{at}" + (f" · {when[:10]}" if when else ""),
+                           "text": redact(text), "url": f"mfs://{name}/export.md#uid-{at}",
+                           "metadata": {"session": name, "uid": at, "uids": [events[0].uid, events[-1].uid],
+                                        "created_at": when}}, ensure_ascii=False)
+
+    def sessions_json(self) -> str:
+        """The `mfs://sessions` resource: every session with its last uid and last time."""
+        marks = self.store.session_marks()
+        return json.dumps([{"session": n, "last_uid": m[0], "messages": m[1]} for n, m in sorted(marks.items())],
+                          ensure_ascii=False)
+
     # -- writes, only with --allow-writes ------------------------------------------------------------
     def _writable(self, session: Any, what: str) -> Session:
         if not self.allow_writes:
@@ -263,10 +314,29 @@ def _uid_bounds(s: Session, uid_from: Any, uid_to: Any, date_from: Any, date_to:
 # -- the server ------------------------------------------------------------------------------------
 def build(memory: Memory) -> Any:
     """The MCPServer with the tools (writes only when allowed) and the per-session resources."""
+    from contextlib import asynccontextmanager
+
+    import anyio
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.server.subscriptions import InMemorySubscriptionBus
+    from mcp_types import ToolAnnotations
 
-    server = MCPServer("mfs-nb", instructions=INSTRUCTIONS, log_level="WARNING")
+    bus = InMemorySubscriptionBus()
+
+    @asynccontextmanager
+    async def lifespan(_: Any) -> Any:
+        """While the server runs: look for changed sessions every `memory.watch_s` and say so."""
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(watch, memory, bus)
+            try:
+                yield {}
+            finally:
+                tasks.cancel_scope.cancel()
+
+    server = MCPServer("mfs-nb", instructions=INSTRUCTIONS, log_level="WARNING", subscriptions=bus,
+                       lifespan=lifespan)
+    reads = ToolAnnotations(readOnlyHint=True, destructiveHint=False, idempotentHint=True, openWorldHint=False)
 
     def guarded(fn: Any) -> Any:
         def run(*args: Any, **kwargs: Any) -> str:
@@ -276,7 +346,8 @@ def build(memory: Memory) -> Any:
                 raise ToolError(redact(str(exc))) from None
         return run
 
-    @server.tool(description="The sessions in this store: name, number of messages, uid range, first and last time.")
+    @server.tool(description="The sessions in this store: name, number of messages, uid range, first and last time.",
+                 annotations=reads)
     def list_sessions() -> str:
         return guarded(memory.list_sessions)()
 
@@ -284,38 +355,64 @@ def build(memory: Memory) -> Any:
         "Search stored conversations by meaning and by words, including what no model window shows any more. "
         "Best with short keyword-and-name queries. Optional: session (else every session), role "
         "(user/assistant/tool/segment), uid_from/uid_to, date_from/date_to (ISO dates). Returns "
-        "`session [#uid role · turn · score] snippet` lines; read one with recall_history."))
+        "`session [#uid role · turn · score] snippet` lines; read one with recall_history."), annotations=reads)
     def recall_search(query: str, k: int = PAGE, session: str | None = None, role: str | None = None,
                       uid_from: int | None = None, uid_to: int | None = None, date_from: str | None = None,
                       date_to: str | None = None) -> str:
         return guarded(memory.recall_search)(query, k, session, role, uid_from, uid_to, date_from, date_to)
 
     @server.tool(description=("The original messages of a session with uids uid_from..uid_to, word for word, "
-                              "with their roles; any uid ever written, compressed or not."))
+                              "with their roles; any uid ever written, compressed or not."), annotations=reads)
     def recall_history(session: str, uid_from: int, uid_to: int | None = None) -> str:
         return guarded(memory.recall_history)(session, uid_from, uid_to)
 
     @server.tool(description=("What the model of a session is sent now, as text: the system prompt, the knowledge "
-                              "slot, the summaries of compacted ranges and the recent messages. Paged."))
+                              "slot, the summaries of compacted ranges and the recent messages. Paged."),
+                 annotations=reads)
     def context(session: str, page: int = 1) -> str:
         return guarded(memory.context)(session, page)
 
+    @server.tool(description=("Search every stored conversation (the search/fetch shape of connectors and deep "
+                              "research): JSON {results: [{id, title, url}]}, best first; read one with fetch(id)."),
+                 annotations=reads)
+    def search(query: str) -> str:
+        return guarded(memory.search)(query)
+
+    @server.tool(description=("One message by the id search returned (session:uid), word for word, with two "
+                              "messages on each side: JSON {id, title, text, url, metadata}."), annotations=reads)
+    def fetch(id: str) -> str:  # noqa: A002 (the name the connector shape uses)
+        return guarded(memory.fetch)(id)
+
+    writes = {"pin": ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True, openWorldHint=False),
+              "unpin": ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True,
+                                       openWorldHint=False),
+              "append_note": ToolAnnotations(readOnlyHint=False, destructiveHint=False, idempotentHint=False,
+                                             openWorldHint=False)}
     if memory.allow_writes:
-        @server.tool(description="Keep key = value in a session's knowledge slot, word for word, never compacted.")
+        @server.tool(description="Keep key = value in a session's knowledge slot, word for word, never compacted "
+                                 "(a key set again is replaced).", annotations=writes["pin"])
         def pin(session: str, key: str, value: str) -> str:
             return guarded(memory.pin)(session, key, value)
 
-        @server.tool(description="Remove a key from a session's knowledge slot.")
+        @server.tool(description="Remove a key from a session's knowledge slot.", annotations=writes["unpin"])
         def unpin(session: str, key: str) -> str:
             return guarded(memory.unpin)(session, key)
 
-        @server.tool(description="Append a note to a session's log (a message of its own, recallable by uid).")
+        @server.tool(description="Append a note to a session's log (a message of its own, recallable by uid).",
+                     annotations=writes["append_note"])
         def append_note(session: str, text: str) -> str:
             return guarded(memory.append_note)(session, text)
     else:
         for name in ("pin", "unpin", "append_note"):
             server.tool(name=name, description=f"({name} writes to the store: it needs a server started with "
-                                               "--allow-writes; this one is read-only and refuses it.)")(_refusal(name))
+                                               "--allow-writes; this one is read-only and refuses it.)",
+                        annotations=writes[name])(_refusal(name))
+
+    @server.resource(SESSIONS_URI, mime_type="application/json",
+                     description=("Every session with its last uid and last time; listen to it (or to the resource "
+                                  "list) to hear when a session changes or a new one appears."))
+    def sessions() -> str:
+        return guarded(memory.sessions_json)()
 
     @server.resource("mfs://{session}/export.md", mime_type="text/markdown",
                      description="A session's export: every message under its uid, each segment, the ledger.")
@@ -328,6 +425,33 @@ def build(memory: Memory) -> Any:
         return guarded(memory.ledger)(session)
 
     return server
+
+
+async def watch(memory: Memory, bus: Any) -> None:
+    """Every `memory.watch_s`, the sessions' last uids (one read of two columns); a new or removed session is
+    a change of the resource list, and any session that changed updates `mfs://sessions` and its export."""
+    import anyio
+    from mcp.server.subscriptions import ResourcesListChanged, ResourceUpdated
+
+    last: dict[str, tuple[int, int]] | None = None
+    version = None
+    while True:
+        marks = last
+        try:
+            now = await anyio.to_thread.run_sync(memory.store.events_version)
+            if now != version:  # the log was written: read who wrote what
+                marks = await anyio.to_thread.run_sync(memory.store.session_marks)
+                version = now
+        except Exception:  # a store gone away for a moment: the next look may see it again
+            pass
+        if last is not None and marks is not None and marks != last:
+            if set(marks) != set(last):
+                await bus.publish(ResourcesListChanged())
+            await bus.publish(ResourceUpdated(uri=SESSIONS_URI))
+            for name in sorted(n for n in marks if marks[n] != last.get(n)):
+                await bus.publish(ResourceUpdated(uri=f"mfs://{name}/export.md"))
+        last = marks
+        await anyio.sleep(memory.watch_s)
 
 
 def _refusal(name: str) -> Any:

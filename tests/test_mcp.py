@@ -172,8 +172,8 @@ def test_mcp_over_stdio_every_tool_and_resource(tmp_path: Path) -> None:
     async def run() -> None:
         async with Client(params, read_timeout_seconds=60) as client:
             names = {t.name for t in (await client.list_tools()).tools}
-            assert names == {"list_sessions", "recall_search", "recall_history", "context", "pin", "unpin",
-                             "append_note"}
+            assert names == {"list_sessions", "recall_search", "recall_history", "context", "search", "fetch", "pin",
+                             "unpin", "append_note"}
             listed = _text(await client.call_tool("list_sessions", {}))
             assert "claude-11112222 · 5 messages · uids 1–5 · 2026-03-01T10:01:00" in listed
             assert "codex-c0dex999 · 4 messages" in listed
@@ -339,3 +339,56 @@ def test_import_compact_runs_the_memory_layer_and_stays_idempotent(tmp_path: Pat
     events = Store(store).load_events("tickets")
     assert [e.content for e in events] == [r["content"] for r in rows]  # the log is still word for word
     assert main(args) == 0 and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["added"] == 0
+
+
+def test_every_client_reads_hints_searches_then_fetches_and_hears_a_session_change(tmp_path: Path) -> None:
+    """Issue 69, item 3: tool annotations, the search / fetch pair over all sessions, and the session list as a
+    resource whose changes a listening client is told of (another process writing the store)."""
+    import threading
+
+    import anyio
+
+    store = _store(tmp_path)
+    memory = Memory(Store(store), watch_s=0.2)
+
+    async def run() -> None:
+        async with Client(build(memory)) as client:
+            hints = {t.name: t.annotations for t in (await client.list_tools()).tools}
+            for name in ("list_sessions", "recall_search", "recall_history", "context", "search", "fetch"):
+                assert hints[name].read_only_hint is True and hints[name].destructive_hint is False, name
+            for name in ("pin", "unpin", "append_note"):
+                assert hints[name].read_only_hint is False, name
+            assert hints["pin"].destructive_hint is True and hints["append_note"].destructive_hint is False
+
+            found = json.loads(_text(await client.call_tool("search", {"query": "OOMKilled memory limit"})))
+            first = found["results"][0]
+            assert first["id"] == "claude-11112222:3" and "OOMKilled" in first["title"], found
+            assert first["url"] == "mfs://claude-11112222/export.md#uid-3"
+            page = json.loads(_text(await client.call_tool("fetch", {"id": first["id"]})))
+            assert page["id"] == first["id"] and page["metadata"]["uids"] == [1, 5]  # the message and its neighbours
+            assert "[#3 tool · turn 1]\nOOMKilled: container memory limit 512Mi exceeded" in page["text"]
+            for bad, says in [("claude-11112222", "id must be session:uid"), ("claude-11112222:99", "no message"),
+                              ("nope:1", "no session 'nope'")]:
+                result = await client.call_tool("fetch", {"id": bad})
+                assert result.is_error and says in _text(result), (bad, _text(result))
+
+            listed = json.loads((await client.read_resource("mfs://sessions")).contents[0].text)
+            assert {x["session"]: x["last_uid"] for x in listed} == {"claude-11112222": 5, "codex-c0dex999": 4}
+            async with client.listen(resources_list_changed=True, resource_subscriptions=["mfs://sessions"]) as sub:
+                def another_kernel() -> None:
+                    s = Session("notebook", store=Store(store))
+                    s.chat("a new session, written beside the server")
+                    s.close()
+
+                threading.Thread(target=another_kernel).start()
+                heard = []
+                with anyio.fail_after(60):
+                    async for event in sub:
+                        heard.append(type(event).__name__)
+                        if {"ResourcesListChanged", "ResourceUpdated"} <= set(heard):
+                            break
+            listed = json.loads((await client.read_resource("mfs://sessions")).contents[0].text)
+            assert {x["session"]: x["last_uid"] for x in listed}["notebook"] == 2
+
+    asyncio.run(run())
+    memory.close()

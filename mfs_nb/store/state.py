@@ -39,6 +39,20 @@ class StateTables(StoreCore):
             "created_at": row["created_at"],
         }
 
+    def session_marks(self) -> dict[str, tuple[int, int]]:
+        """Each session with events: its last uid and its number of events (one read of two columns of the
+        log), for a watcher that says when a session changed."""
+        if not self._events.count_rows():
+            return {}
+        rows = self._events.search().select(["session", "uid"]).limit(None).to_arrow()
+        table = rows.group_by("session").aggregate([("uid", "max"), ("uid", "count")])
+        return {n: (int(m), int(c)) for n, m, c in zip(*(table.column(k).to_pylist()
+                                                         for k in ("session", "uid_max", "uid_count")))}
+
+    def events_version(self) -> int:
+        """The log's table version: it changes with every write, by any process."""
+        return int(self._events.version)
+
     def session_times(self) -> dict[str, str]:
         """Each session with a state row, and when that row was last written (ISO time)."""
         if not self._sessions.count_rows():
