@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
-from .transcripts import Message, Transcript, _call
+from .transcripts import Message, Transcript, tool_call
 
 KINDS = ("chatgpt", "claude-ai")
 _HIDDEN_TYPES = {"thoughts", "reasoning_recap", "user_editable_context", "model_editable_context"}
@@ -207,7 +207,7 @@ def _chatgpt(conv: dict[str, Any], path: Path, notices: list[str]) -> Transcript
             recipient = m.get("recipient") or "all"
             if recipient != "all":  # the model calling a tool (python, browser, an image model)
                 calls += 1
-                call = _call(f"call_c{calls}", recipient, text)
+                call = tool_call(f"call_c{calls}", recipient, text)
                 pending = [call["id"]]
                 messages.append(Message("assistant", "", [call], created_at=when))
             elif text.strip():
@@ -216,7 +216,7 @@ def _chatgpt(conv: dict[str, Any], path: Path, notices: list[str]) -> Transcript
             name = str((m.get("author") or {}).get("name") or "tool")
             if not pending:  # a result with no call before it (browsing, a plugin): its call, made here
                 calls += 1
-                call = _call(f"call_c{calls}", name, "")
+                call = tool_call(f"call_c{calls}", name, "")
                 messages.append(Message("assistant", "", [call], created_at=when))
                 pending = [call["id"]]
             messages.append(Message("tool", text or f"[{ctype}]", tool_call_id=pending.pop(0), name=name,
@@ -316,7 +316,7 @@ def _claude(conv: dict[str, Any], path: Path) -> Transcript:
                 texts.append(block["text"])
             elif kind == "tool_use":
                 calls += 1
-                call = _call(block.get("id") or f"call_a{calls}", block.get("name") or "tool",
+                call = tool_call(block.get("id") or f"call_a{calls}", block.get("name") or "tool",
                              json.dumps(block.get("input") or {}, ensure_ascii=False, sort_keys=True))
                 messages.append(Message("assistant", "\n".join(texts), [call], created_at=when))
                 texts, pending = [], [*pending, call["id"]]
@@ -327,7 +327,7 @@ def _claude(conv: dict[str, Any], path: Path) -> Transcript:
                 call_id = pending.pop(0) if pending else None
                 if call_id is None:
                     calls += 1
-                    call = _call(f"call_a{calls}", block.get("name") or "tool", "")
+                    call = tool_call(f"call_a{calls}", block.get("name") or "tool", "")
                     messages.append(Message("assistant", "", [call], created_at=when))
                     call_id = call["id"]
                 messages.append(Message("tool", result or "[no output]", tool_call_id=call_id,

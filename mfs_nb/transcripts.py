@@ -81,7 +81,7 @@ def normalise(raw: list[Any], places: list[str] | None = None) -> list[Message]:
                 raise InputError(f"{place}: tool_calls must be a list of objects")
             fn: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else call
             counter += 1
-            calls.append(_call(call.get("id") or f"call_r{counter}", fn.get("name"), fn.get("arguments", "")))
+            calls.append(tool_call(call.get("id") or f"call_r{counter}", fn.get("name"), fn.get("arguments", "")))
         if role == "assistant" and calls:
             pending = [str(c["id"]) for c in calls]
         call_id = str(item.get("tool_call_id") or "")
@@ -95,7 +95,8 @@ def normalise(raw: list[Any], places: list[str] | None = None) -> list[Message]:
     return out
 
 
-def _call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+def tool_call(call_id: Any, name: Any, arguments: Any) -> dict[str, Any]:
+    """An OpenAI-format tool call (`arguments` JSON text; anything else is written as JSON)."""
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
     return {"id": str(call_id), "type": "function", "function": {"name": str(name or ""), "arguments": arguments}}
@@ -224,7 +225,7 @@ def _claude_code(rows: list[tuple[int, Any]], bad: list[int]) -> tuple[list[Mess
                 if block.get("type") == "text" and block.get("text", "").strip():
                     text.append(block["text"])
                 elif block.get("type") == "tool_use":
-                    calls.append(_call(block.get("id") or f"toolu_line{n}", block.get("name"), block.get("input", {})))
+                    calls.append(tool_call(block.get("id") or f"toolu_line{n}", block.get("name"), block.get("input", {})))
             if not text and not calls:
                 continue  # a thinking block or an empty delta
             mid = msg.get("id") or row.get("uuid")
@@ -308,7 +309,7 @@ def _codex(rows: list[tuple[int, Any]], bad: list[int]) -> tuple[list[Message], 
             out.append(Message(role, text, created_at=when, origin=origin))
         elif itype in ("function_call", "custom_tool_call", "local_shell_call"):
             args = item.get("arguments", item.get("input", item.get("action", "")))
-            call = _call(item.get("call_id") or item.get("id") or f"call_line{n}", item.get("name") or itype, args)
+            call = tool_call(item.get("call_id") or item.get("id") or f"call_line{n}", item.get("name") or itype, args)
             last = out[-1] if out else None
             if last is not None and last.role == "assistant":
                 last.tool_calls.append(call)

@@ -24,7 +24,7 @@ DOCS = ROOT.parent / "docs" / "architecture.md"
 
 # the memory logic that the property tests exercise: text in, text out
 PURE = {"events", "view", "tokens", "usage", "tools", "clearing", "facts", "segments", "origin", "meter",
-        "search", "knowledge", "workset", "lang", "index_rows", "transcripts", "redaction", "compaction.coldrange",
+        "search", "knowledge", "workset", "lang", "index_rows", "transcripts", "accounts", "redaction", "compaction.coldrange",
         "compaction.consolidation", "compaction.terminal", "compaction.summary_check"}
 # what a pure module may not reach, inside the package or outside it
 IMPURE_PACKAGES = ("store", "session", "notebook", "ui", "bench", "llm", "offline", "embed", "index", "searcher",

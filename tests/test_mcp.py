@@ -392,3 +392,45 @@ def test_every_client_reads_hints_searches_then_fetches_and_hears_a_session_chan
 
     asyncio.run(run())
     memory.close()
+
+
+def test_the_set_up_blocks_of_the_guide_start_a_server_the_sdk_client_can_use(tmp_path: Path) -> None:
+    """Each host's block in docs/guide/mcp.md (Claude Code, Codex, Cursor, VS Code) names a command and
+    arguments; run as that host would (stdio, the store path swapped for a test store), each serves the tools."""
+    import re
+    import shlex
+    import shutil
+
+    import tomllib
+
+    guide = (Path(__file__).parent.parent / "docs" / "guide" / "mcp.md").read_text()
+    found: dict[str, tuple[str, list[str]]] = {}
+    for lang, body in re.findall(r"```(bash|toml|json)\n(.*?)```", guide, re.S):
+        if lang == "bash" and "claude mcp add --scope user" in body:
+            words = shlex.split(body.splitlines()[0].split("#")[0])
+            found["claude"] = (words[words.index("--") + 1], words[words.index("--") + 2:])
+        elif lang == "toml" and "mcp_servers" in body:
+            entry = tomllib.loads(body)["mcp_servers"]["mfs-nb"]
+            found["codex"] = (entry["command"], entry["args"])
+        elif lang == "json" and '"mcpServers"' in body:
+            entry = json.loads(body)["mcpServers"]["mfs-nb"]
+            found["cursor"] = (entry["command"], entry["args"])
+        elif lang == "json" and '"servers"' in body:
+            entry = json.loads(body)["servers"]["mfs-nb"]
+            assert entry["type"] == "stdio"
+            found["vscode"] = (entry["command"], entry["args"])
+    assert set(found) == {"claude", "codex", "cursor", "vscode"}, found
+    store = _store(tmp_path)
+    for host, (command, args) in found.items():
+        assert command == "mfs-nb" and args[:2] == ["mcp", "--store"], (host, command, args)
+        exe = shutil.which(command)
+        argv = [exe, *args[:2], str(store), *args[3:]] if exe else [sys.executable, "-m", "mfs_nb", *args[:2],
+                                                                   str(store), *args[3:]]
+        params = StdioServerParameters(command=argv[0], args=argv[1:], env=dict(os.environ))
+
+        async def run(params: StdioServerParameters = params) -> None:
+            async with Client(params, read_timeout_seconds=60) as client:
+                assert "search" in {t.name for t in (await client.list_tools()).tools}
+                assert "claude-11112222" in _text(await client.call_tool("list_sessions", {}))
+
+        asyncio.run(run())

@@ -195,12 +195,11 @@ class MfsCommands(NotebookChoices):
         """%mfs open PATH [--read-only]: this notebook's sessions from another store (a folder or a URI);
         --read-only opens it for reading only (a store this process may not write is opened so anyway)."""
         from ..store import Store
-        from .magics import nearest_flag
 
         read_only = "--read-only" in rest
         words = [w for w in rest if w != "--read-only"]
         if bad := [w for w in words if w.startswith("--")]:
-            raise InputError(f"%mfs open: unknown option {bad[0]}{nearest_flag(bad[0], ['--read-only'])}")
+            raise InputError(f"%mfs open: unknown option {bad[0]}; the one it takes is --read-only")
         if len(words) != 1:
             raise InputError("%mfs open PATH [--read-only]: name one store (a folder or a URI)")
         store = Store(words[0], read_only=read_only)
