@@ -57,6 +57,18 @@ def chatgpt_cycle() -> dict:
             "mapping": nodes, "current_node": "x1"}
 
 
+def chatgpt_orphan() -> dict:
+    """A tree whose current node's parent is not in it."""
+    nodes = dict([
+        _node("root", None, ["z1"]),
+        _node("z1", "root", ["z2"], "user", "Which region do we deploy to?", t=30),
+        _node("z2", "z1", [], "assistant", "eu-west-1.", t=31),
+        _node("z3", "gone", [], "assistant", "an answer to a question that is not there", t=32),
+    ])
+    return {"title": "Region", "id": "0a0a0a0a-rg", "create_time": 1_700_000_030, "update_time": 1_700_000_032,
+            "mapping": nodes, "current_node": "z3"}
+
+
 def claude_parser() -> dict:
     return {"uuid": "c1a0de00-4242", "name": "Refactor the parser", "created_at": "2024-05-01T10:00:00.000000Z",
             "updated_at": "2024-05-01T10:02:00.000000Z", "chat_messages": [
@@ -80,10 +92,13 @@ def _events(store: Path, name: str) -> list[tuple[str, str]]:
 
 def test_a_chatgpt_export_follows_the_branch_the_person_saw_and_imports_once(tmp_path, capsys):
     export = tmp_path / "conversations.json"
-    export.write_text(json.dumps([chatgpt_trip(), chatgpt_cycle()]))
+    export.write_text(json.dumps([chatgpt_trip(), chatgpt_cycle(), chatgpt_orphan()]))
     store = tmp_path / "store"
     assert main(["import", str(export), "--store", str(store)]) == 0
     out, err = capsys.readouterr()
+    assert "conversation 'Region': its tree has a missing parent" in err, err
+    assert _events(store, "chatgpt-region-0a0a0a0a") == [("user", "Which region do we deploy to?"),
+                                                         ("assistant", "eu-west-1.")]
     trip, db = "chatgpt-lisbon-trip-6f1a2b3c", "chatgpt-staging-db-9d9d9d9d"
     assert f"{trip}: 6 messages imported as uids 1–6  (Lisbon trip)" in out, out
     assert "conversation 'Staging DB': its tree has a cycle; read along its longest path" in err, err

@@ -415,3 +415,17 @@ def test_a_copy_keeps_uids_segments_and_pins_and_a_stopped_copy_is_finished(tmp_
     with pytest.raises(InputError, match="has gone on"):  # copied again over a copy that went on: refused
         ro.copy_to(target, "long")
     copy.close()
+
+
+def test_doctor_reports_a_damaged_read_only_store_and_repairs_nothing(unwritable, tmp_path):
+    folder = tmp_path / "ro"
+    _chatted(folder, indexed=False)
+    data = sorted((folder / "events.lance" / "data").glob("*.lance"))[0]
+    data.write_bytes(data.read_bytes()[:10])  # one fragment of the log cut short
+    before = {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
+    done = _doctor_cli(["--store", str(folder)], unwritable, folder)
+    assert done.returncode == 1 and "Traceback" not in done.stdout + done.stderr, done.stderr
+    assert "UNREADABLE" in done.stdout and "--repair" in done.stdout, done.stdout
+    line = _one_line(_doctor_cli(["--store", str(folder), "--repair"], unwritable, folder))
+    assert "read-only" in line and str(folder) in line, line
+    assert {p: p.stat().st_mtime_ns for p in folder.rglob("*")} == before  # nothing was repaired, or touched
