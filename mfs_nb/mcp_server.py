@@ -213,13 +213,12 @@ class Memory:
         names = self.names()
         results: list[dict[str, str]] = []
         if names:
-            with reading():
-                found: list[tuple[float, str, Any]] = []
-                for name in names:
-                    found += [(hit.score, name, hit) for hit in self.session(name).search(query, PAGE)]
-            found.sort(key=lambda x: -x[0])
+            with reading():  # the sessions read and searched side by side, as recall_search does
+                opened = dict(zip(names, self._pool.map(self.session, names)))
+                pages = dict(zip(names, self._pool.map(lambda n: opened[n].search(query, PAGE), names)))
+            found = sorted(((hit.score, name, hit) for name in names for hit in pages[name]), key=lambda x: -x[0])
             for _, name, hit in found[:PAGE]:
-                when = _created(self.session(name, refresh=False).events, hit.uid)
+                when = _created(opened[name].events, hit.uid)
                 what = f"#{hit.uid} {hit.role}" if hit.kind == "event" else f"summary of #{hit.uid}–{hit.uid_to}"
                 snippet = " ".join(hit.snippet.split())[:100]
                 results.append({"id": f"{name}:{hit.uid}",

@@ -82,7 +82,11 @@ def test_sessions_new_use_and_config(ip, capsys):
     (("line", "mfs", "config window_tokens=lots"), "whole number"),
     (("line", "mfs", "config api_key=sk-123"), "never saved"),
     (("line", "mfs", "config nosuch=1"), "unknown setting"),
-], ids=["empty", "5MB", "recall-abc", "bad-option", "reversed", "unknown-uid", "bad-window", "key", "unknown-setting"])
+    (("line", "mfs", "open /nowhere/at/all --read-only"), "there is no store at /nowhere/at/all (nothing is there)"),
+    (("line", "mfs", "open /tmp --readonly"), "unknown option --readonly; the one it takes is --read-only"),
+    (("line", "mfs", "fork copy --store"), "name the writable store"),
+], ids=["empty", "5MB", "recall-abc", "bad-option", "reversed", "unknown-uid", "bad-window", "key", "unknown-setting",
+        "open-nowhere", "open-flag", "fork-store"])
 def test_bad_input_is_one_line_on_stderr(ip, capsys, call, needle):
     ip.run_cell_magic("chat", "", "first")
     capsys.readouterr()

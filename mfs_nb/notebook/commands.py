@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 from IPython.display import display
@@ -202,6 +203,11 @@ class MfsCommands(NotebookChoices):
             raise InputError(f"%mfs open: unknown option {bad[0]}; the one it takes is --read-only")
         if len(words) != 1:
             raise InputError("%mfs open PATH [--read-only]: name one store (a folder or a URI)")
+        where = Path(words[0]).expanduser()
+        if "://" not in words[0] and not (where / "events.lance").is_dir():
+            said = "nothing is there" if not where.exists() else "it is not an mfs_nb store (no events table)"
+            raise InputError(f"%mfs open: there is no store at {where} ({said}); %mfs open reads a store that exists "
+                             "(a new one is made by the first %%chat after %config MfsMagics.store or MFS_STORE names it)")
         store = Store(words[0], read_only=read_only)
         names = store.sessions()
         self._use_store(store)
