@@ -11,6 +11,8 @@ from typing import Any
 from .errors import MfsError
 from .search import PAGE
 
+BULK_BATCH = 64  # texts per encoder call in `mfs-nb index` (sorted by length inside a call); a kill loses at most one
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mfs-nb", description="mfs_nb: notebook memory layer for long LLM chats")
@@ -224,11 +226,9 @@ def _index(store_uri: str | None, sessions: list[str] | None, workers: int | Non
     """`mfs-nb index`: each session's backlog of vectors, in batches on every core (`Indexer.catch_up`
     from the foreground: no turn to yield to), with a progress bar, rate and time left."""
     import os
-    import time
 
     from .errors import InputError
     from .importer import open_store
-    from .session import Session
 
     if workers is not None and workers < 1:
         raise InputError(f"--workers {workers}: give a number of threads, 1 or more")
@@ -240,11 +240,25 @@ def _index(store_uri: str | None, sessions: list[str] | None, workers: int | Non
         raise InputError(f"no session {missing[0]!r} in {store.shown}; sessions: {', '.join(names) or 'none'}")
     if not store.writable():
         raise InputError(f"mfs-nb index: {store.read_only_line()}")
-    if workers:
-        from .embed import limit_this_thread
+    from .embed import limit_this_thread, stop_bulk_encoder, use_bulk_encoder
 
+    if workers:
         limit_this_thread(workers)
-    total_events, started = 0, time.monotonic()
+    try:
+        return _index_sessions(store, wanted, lambda: use_bulk_encoder(workers))
+    finally:
+        stop_bulk_encoder()
+
+
+def _index_sessions(store: Any, wanted: list[str], bulk: Any) -> int:
+    import time
+
+    from .embed import E5Embedder
+    from .errors import InputError
+    from .session import Session
+
+    total_events, started, said = 0, time.monotonic(), False
+
     for name in wanted:
         s = Session(name, store=store, recall_index=False, transient=["recall_index"])
         try:
@@ -257,6 +271,9 @@ def _index(store_uri: str | None, sessions: list[str] | None, workers: int | Non
             if not todo:
                 print(f"{name}: every message is embedded already ({s.last_uid:,})")
                 continue
+            if not said and isinstance(getattr(s.indexer.model(), "inner", None), E5Embedder):
+                print(f"encoder: {bulk()}")
+                said = True
             bar = Progress(f"index {name}", todo, "events")
             began = time.monotonic()
 
@@ -264,7 +281,7 @@ def _index(store_uri: str | None, sessions: list[str] | None, workers: int | Non
                 while bar.done < done:
                     bar.step()
 
-            s.indexer.catch_up(progress=step, batch=64)
+            s.indexer.catch_up(progress=step, batch=BULK_BATCH)
             bar.close()
             after = s.indexer.progress()
             took = time.monotonic() - began

