@@ -60,7 +60,11 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--store", help="the store (default: $MFS_STORE, else ./.mfs)")
     x.add_argument("--session", action="append", help="this session only (repeatable; default: every session)")
     x.add_argument("--all", action="store_true", help="every session of the store (the default)")
-    x.add_argument("--workers", type=int, help="encoder threads (default: every core this process may use)")
+    x.add_argument("--workers", type=int, help="encoder threads (default: every core this process may use); with "
+                                               "--ray, Ray workers (default: every CPU of the cluster)")
+    x.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                   help="hand the encoding to Ray (needs mfs_nb[ray]): a local cluster, or the one at ADDRESS "
+                        "(e.g. ray://head:10001); the store is read and written from here")
     m = sub.add_parser("mcp", help="serve a store's memory to other agents over MCP (needs mfs_nb[mcp])",
                        description="An MCP server over a store: recall_search, recall_history, list_sessions, context "
                                    "(and pin, unpin, append_note with --allow-writes); resources "
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "import":
             return _import(args)
         if args.command == "index":
-            return _index(args.store, args.session, args.workers)
+            return _index(args.store, args.session, args.workers, args.ray)
         if args.command == "mcp":
             from .mcp_server import serve
 
@@ -222,7 +226,7 @@ def _import(args: Any) -> int:
     return 2 if problems else 0
 
 
-def _index(store_uri: str | None, sessions: list[str] | None, workers: int | None) -> int:
+def _index(store_uri: str | None, sessions: list[str] | None, workers: int | None, ray: str | None = None) -> int:
     """`mfs-nb index`: each session's backlog of vectors, in batches on every core (`Indexer.catch_up`
     from the foreground: no turn to yield to), with a progress bar, rate and time left."""
     import os
@@ -244,13 +248,33 @@ def _index(store_uri: str | None, sessions: list[str] | None, workers: int | Non
 
     if workers:
         limit_this_thread(workers)
+    _yield_the_machine()
     try:
-        return _index_sessions(store, wanted, lambda: use_bulk_encoder(workers))
+        if ray is None:
+            return _index_sessions(store, wanted, lambda: use_bulk_encoder(workers), BULK_BATCH)
+        from .ray_backfill import RayEncoder
+
+        encoder = RayEncoder(ray or None, workers)
+        try:
+            return _index_sessions(store, wanted, lambda: use_bulk_encoder(encoder=encoder),
+                                   BULK_BATCH * encoder.workers)
+        finally:
+            encoder.close()
     finally:
         stop_bulk_encoder()
 
 
-def _index_sessions(store: Any, wanted: list[str], bulk: Any) -> int:
+def _yield_the_machine() -> None:
+    """A bulk command runs at the lowest CPU priority, so a notebook's turns on the same machine come first."""
+    import os
+
+    try:
+        os.nice(19)
+    except (AttributeError, OSError):
+        pass
+
+
+def _index_sessions(store: Any, wanted: list[str], bulk: Any, batch: int) -> int:
     import time
 
     from .embed import E5Embedder
@@ -281,7 +305,7 @@ def _index_sessions(store: Any, wanted: list[str], bulk: Any) -> int:
                 while bar.done < done:
                     bar.step()
 
-            s.indexer.catch_up(progress=step, batch=BULK_BATCH)
+            s.indexer.catch_up(progress=step, batch=batch)
             bar.close()
             after = s.indexer.progress()
             took = time.monotonic() - began

