@@ -58,6 +58,27 @@ def _turn_ratio(tables: Tables) -> str:
     return f"{on:.1f} ÷ {off:.1f} = {on / off:.2f} ×" if off else "—"  # the table's figures, not rounder ones
 
 
+def _bulk_turn_ratio(tables: Tables) -> str:
+    cols, rows = _rows(tables, "Chat-turn time")
+    if len(rows) < 3 or "p95 ms" not in cols:
+        return "—"
+    off, bulk = (float(rows[i][cols.index("p95 ms")]) for i in (0, 2))
+    return f"{bulk:.1f} ÷ {off:.1f} = {bulk / off:.2f} ×" if off else "—"
+
+
+def _bulk_rate(backlog: str, column: str = "events a second") -> Callable[[Tables], str]:
+    def read(tables: Tables) -> str:
+        cols, rows = _rows(tables, "`mfs-nb index` on a backlog")
+        row = next((r for r in rows if r[0].startswith(backlog)), None)
+        if row is None or column not in cols:
+            return "—"
+        limit = row[cols.index("limit: events a second")]
+        if column == "seconds":  # the limit in seconds: the same events at the limit's rate
+            limit = f"{float(row[cols.index('events')].replace(',', '')) / float(limit):,.0f}"
+        return f"{row[cols.index(column)]} (the machine's limit {limit})"
+    return read
+
+
 def _percent(value: str) -> float | None:
     m = re.match(r"\s*(-?[\d.]+)%", value)
     return float(m.group(1)) if m else None
@@ -268,6 +289,10 @@ HEADLINES: dict[str, list[Headline]] = {
         Headline("chat turn p95 with the background indexer on ÷ off (ms)", "≤ 1.1 × (issue 44)", _turn_ratio),
         Headline("index throughput against the recipe before 2026-12-05 (same run)", "≥ 3 × (issue 44)",
                  cell("Index throughput", "events a second", recipe="gain")),
+        Headline("`mfs-nb index`, short chat turns (events a second)", "≥ 50 (issue 70)", _bulk_rate("short")),
+        Headline("`mfs-nb index`, the three coding sessions (seconds)", "≤ 300 (issue 70)",
+                 _bulk_rate("long", "seconds")),
+        Headline("chat turn p95 while `mfs-nb index` runs ÷ indexing off (ms)", "≤ 1.2 × (issue 70)", _bulk_turn_ratio),
     ],
     "notebook": [
         Headline("prefix-cache ratio of ordinary calls with the budget note on, 8k", "≥ 99 % (seed 99.3 %)",

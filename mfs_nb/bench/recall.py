@@ -311,13 +311,16 @@ PAUSE_S = 0.3  # between two turns, as a person reading the reply (the indexer w
 TURNS = 240
 
 
-def turn_time(root: Path, n: int, turns: int, pause: float = PAUSE_S) -> dict[str, float]:
+def turn_time(root: Path, n: int, turns: int, pause: float = PAUSE_S, sides: Sequence[str] = ("off", "on"),
+              tag: str = "") -> dict[str, float]:
     """Median and p95 of a chat turn on an n-event session, without and with background indexing.
     Turns come `pause` seconds apart: back to back, the indexer (which waits while a turn runs)
     would never run, and the comparison would measure nothing."""
     out: dict[str, float] = {}
     for label, index in (("off", False), ("on", True)):
-        store = Store(root / f"turn-{label}")
+        if label not in sides:
+            continue
+        store = Store(root / f"turn-{label}{tag}")
         _write(store, "t", [("user" if i % 2 == 0 else "assistant", f"message {i} about topic {i % 97}")
                             for i in range(n)])
         s = _session(store, "t", index=index)
@@ -474,6 +477,11 @@ def run_speed(data: Data, quick: bool) -> dict[str, Any]:
         lat = latency(data, root, sizes)
         turn = turn_time(root, 300 if quick else 10_000, 3 if quick else TURNS)
         rate = index_rate(data, root, 40 if quick else RATE_EVENTS)
+        from . import bulk
+
+        bulk_rows = bulk.rates(data, root, quick)
+        during = bulk.during_bulk(data, root, lambda: turn_time(root, 300 if quick else 10_000, 3 if quick else TURNS,
+                                                                sides=("off",), tag="bulk"))
     lat_rows = [[f"{r['events']:,}", f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['embed_p50_ms']:.0f}",
                  f"{r['embed_p95_ms']:.0f}", f"{r['write_ms_per_event']:.3f}", f"{r['optimize_s']:.1f}",
                  "IVF_PQ" if r["ann"] else "flat"] for r in lat]
@@ -482,6 +490,10 @@ def run_speed(data: Data, quick: bool) -> dict[str, Any]:
     metrics |= {f"turn_{k}": round(v, 1) for k, v in turn.items()}
     metrics |= {f"index_rate_{k}": round(v, 2) for k, v in rate.items() if k != "events"}
     metrics["index_rate_gain"] = round(rate["now"] / rate["before"], 2)
+    metrics["turn_bulk_p95_ms"] = round(during["off_p95_ms"], 1)
+    for key, r in zip(("short", "long"), bulk_rows):
+        metrics |= {f"bulk_{key}_per_s": round(r["rate"], 1), f"bulk_{key}_limit_per_s": round(r["limit"], 1),
+                    f"bulk_{key}_s": round(r["seconds"])}
     return {
         "title": "Recall by meaning: search latency, index cost, turn time",
         "tables": [
@@ -494,7 +506,18 @@ def run_speed(data: Data, quick: bool) -> dict[str, Any]:
              "rows": [["off", f"{turn['off_p50_ms']:.1f}", f"{turn['off_p95_ms']:.1f}"],
                       [f"on (the backlog is embedded in the pauses: {int(turn['embedded']):,} events during the run, "
                        f"{int(turn['backlog_left']):,} left)",
-                       f"{turn['on_p50_ms']:.1f}", f"{turn['on_p95_ms']:.1f}"]]},
+                       f"{turn['on_p50_ms']:.1f}", f"{turn['on_p95_ms']:.1f}"],
+                      ["off, while `mfs-nb index` embeds another store's backlog on the same machine"
+                       + ("" if during["bulk_running"] else " (it ended before the turns did)"),
+                       f"{during['off_p50_ms']:.1f}", f"{during['off_p95_ms']:.1f}"]]},
+            {"caption": "`mfs-nb index` on a backlog (a fresh process, model load left out, writes included), and the "
+                        "machine's limit: the encoder's FLOPs for the same texts at this machine's float32 matrix "
+                        f"rate ({bulk_rows[0]['matmul_gflops']:.0f} GFLOP/s, measured in the run)",
+             "columns": ["backlog", "events", "texts embedded", "seconds", "events a second", "encoder GFLOP",
+                         "limit: events a second", "of the limit", "encoder"],
+             "rows": [[r["backlog"], f"{r['events']:,}", f"{r['texts']:,}", f"{r['seconds']:,.0f}", f"{r['rate']:.1f}",
+                       f"{r['gflop']:,.0f}", f"{r['limit']:.1f}", f"{100 * r['rate'] / r['limit']:.0f} %",
+                       r["encoder"]] for r in bulk_rows]},
             {"caption": f"Index throughput: {rate['events']:,} LoCoMo turns indexed by the background indexer of an idle "
                         "session, against the encoder passes of the recipe before 2026-12-05 on the same turns (same "
                         "run)", "columns": ["recipe", "events a second"],
@@ -514,6 +537,11 @@ def run_speed(data: Data, quick: bool) -> dict[str, Any]:
             "latent terms, two encoder passes) for a cold query",
             "latency rows use synthetic random vectors and random latent terms (the 100k-event table is not embedded "
             "for real); the text is LoCoMo turns repeated, stamped evenly over 2023",
-        ] + (["quick run: 1k events; turn time on 300 events"] if quick else []),
+            "`mfs-nb index` rows: events a second from the command's own report (per session: from the model "
+            "loaded to the last write); texts embedded: the distinct passages (a chunk, a user message's plain row "
+            "is the same text); the latent-term texts are the chunks, a second pass without the prefix. The "
+            "limit counts each window's tokens through the 12 layers (3·H² + H² + 2·H·FF multiply-adds a token, "
+            "attention 2·L²·H a layer) and the latent-term head (H × 16,384 a content token), nothing else",
+        ] + (["quick run: 1k events; turn time on 300 events; the coding backlog is tool_heavy.jsonl"] if quick else []),
         "metrics": metrics,
     }
