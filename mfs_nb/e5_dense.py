@@ -169,7 +169,7 @@ class DenseE5:
         self._word = data[off:off + size // QK * 18].reshape(size // H, H // QK * 18)  # expanded per batch
         self.pos = f32("emb.pos").reshape(-1, H)
         self.type0 = f32("emb.type")[:H]
-        self.emb_ln = (f32("emb.ln.w"), f32("emb.ln.b"))
+        self.emb_ln: Any = (f32("emb.ln.w"), f32("emb.ln.b"))
         self.weights = []
         for i in range(self.layers_n):
             w: dict[str, Any] = {k: q4(f"l{i}.{k}.w", self.FF if k == "fo" else H).T.copy() for k in ("ao", "fi", "fo")}
@@ -297,16 +297,16 @@ class DenseE5:
         positions = torch.from_numpy(np.nonzero(mask)[1])
         with torch.inference_mode():
             x = torch.from_numpy(self._embeddings(ids[mask])) + self.pos[positions] + self.type0
-            x = F.layer_norm(x, (H,), *self.emb_ln, eps=self.eps)
+            x = F.layer_norm(x, (H,), self.emb_ln[0], self.emb_ln[1], self.eps)
             keep = torch.from_numpy(mask)[:, None, None, :]
             padded = torch.zeros((B * L, 3 * H))
             for w in self.weights:
                 padded[sel] = self._linear(w, "qkv", x)
                 q, k, v = padded.reshape(B, L, 3, nh, hd).permute(2, 0, 3, 1, 4).unbind(0)
                 ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=keep).transpose(1, 2).reshape(B * L, H)[sel]
-                x = F.layer_norm(x + self._linear(w, "ao", ctx), (H,), *w["aln"], eps=self.eps)
+                x = F.layer_norm(x + self._linear(w, "ao", ctx), (H,), w["aln"][0], w["aln"][1], self.eps)
                 mid = F.gelu(self._linear(w, "fi", x))
-                x = F.layer_norm(x + self._linear(w, "fo", mid), (H,), *w["oln"], eps=self.eps)
+                x = F.layer_norm(x + self._linear(w, "fo", mid), (H,), w["oln"][0], w["oln"][1], self.eps)
             if not head:
                 out = torch.zeros((B * L, H))
                 out[sel] = x

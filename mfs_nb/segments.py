@@ -179,19 +179,6 @@ def instruction(style: str, uid_from: int, uid_to: int, target: int, focus: str 
     return text + "\n" + language_line(language)
 
 
-_ERRORISH = re.compile(r"^\s*(?:error|exception|traceback|i(?:'m| am) sorry|i cannot|i can't|as an ai)\b", re.I)
-_ANALYSIS = re.compile(r"<analysis>.*?</analysis>", re.S | re.I)
-
-
-def clean_summary(text: str) -> str | None:
-    """The prose to commit, or None when the output is empty or error-like (never committed)."""
-    text = _ANALYSIS.sub("", text or "").strip()
-    text = text.replace("<<mfs:summarize>>", "").strip()
-    if len(text) < 20 or _ERRORISH.search(text):
-        return None
-    return text
-
-
 FACT_LINES, FACT_TOKENS = 40, 2_400  # a segment's fact list at most ("Segments (S3)")
 FACT_BLOCK = 1 / 8  # …and at most this share of the segment block's budget (`budget.plan`), so it holds several
 

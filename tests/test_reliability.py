@@ -95,7 +95,7 @@ def test_breaker_is_saved_goes_half_open_on_compact_and_closes_on_success(store_
 def test_breaker_lets_one_automatic_try_through_after_the_cool_down(store_dir, monkeypatch):
     fake = FakeLLM(summary_text=LLMError("down"))
     s = Session("cool", store=store_dir, window_tokens=32000, llm=fake)
-    s.compactor.breaker_open, s.compactor.opened_at = True, time.time()
+    s.compactor.breaker.open, s.compactor.breaker.opened_at = True, time.time()
     assert s.compactor.summarize(s.events or [s.record("user", "x")], 8000)[0] is None
     assert len(fake.summaries) == 0  # open and cooling down: the model is not asked
     monkeypatch.setattr("mfs_nb.compaction.limits.BREAKER_COOLDOWN_S", 0.0)

@@ -97,14 +97,12 @@ def flops(passages: list[str], latent: list[str]) -> float:
     return total
 
 
-def _locomo_store(data: Any, root: Path, n: int, name: str = "short") -> Path:
-    from .recall import _write
-
+def _locomo_store(data: Any, root: Path, n: int, write: Any, name: str = "short") -> Path:
     messages = [m for c in data.get("locomo") for m in c["messages"]]
     while len(messages) < n:
         messages = messages + messages
     path = root / name
-    _write(Store(path), "r", [(m["role"], f"{m['speaker']}: {m['content']}") for m in messages[:n]])
+    write(Store(path), "r", [(m["role"], f"{m['speaker']}: {m['content']}") for m in messages[:n]])
     return path
 
 
@@ -120,11 +118,12 @@ def _coding_store(data: Any, root: Path, quick: bool) -> Path:
     return path
 
 
-def rates(data: Any, root: Path, quick: bool) -> list[dict[str, Any]]:
-    """One row per backlog: events, seconds, events a second, the physical limit, the encoder."""
+def rates(data: Any, root: Path, quick: bool, write: Any) -> list[dict[str, Any]]:
+    """One row per backlog: events, seconds, events a second, the physical limit, the encoder. `write` puts
+    (role, text) turns in a store as one session (`recall._write`)."""
     rate = matmul_rate()
     out = []
-    for label, store in (("short chat turns (LoCoMo)", _locomo_store(data, root, 40 if quick else SHORT_EVENTS)),
+    for label, store in (("short chat turns (LoCoMo)", _locomo_store(data, root, 40 if quick else SHORT_EVENTS, write)),
                          ("long tool outputs (the coding sessions)", _coding_store(data, root, quick))):
         passages, latent = _texts(store)
         run = _index(store)
@@ -135,10 +134,10 @@ def rates(data: Any, root: Path, quick: bool) -> list[dict[str, Any]]:
     return out
 
 
-def during_bulk(data: Any, root: Path, turn: Any) -> dict[str, float]:
+def during_bulk(data: Any, root: Path, turn: Any, write: Any) -> dict[str, float]:
     """A notebook turn's p50 and p95 while `mfs-nb index` works through another store's backlog on the same
     machine (`turn` is `recall.turn_time` with indexing off)."""
-    store = _locomo_store(data, root, BACKLOG_EVENTS, "backlog")
+    store = _locomo_store(data, root, BACKLOG_EVENTS, write, "backlog")
     bulk = subprocess.Popen(_command("index", "--store", str(store)), env=_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:

@@ -479,9 +479,9 @@ def run_speed(data: Data, quick: bool) -> dict[str, Any]:
         rate = index_rate(data, root, 40 if quick else RATE_EVENTS)
         from . import bulk
 
-        bulk_rows = bulk.rates(data, root, quick)
+        bulk_rows = bulk.rates(data, root, quick, _write)
         during = bulk.during_bulk(data, root, lambda: turn_time(root, 300 if quick else 10_000, 3 if quick else TURNS,
-                                                                sides=("off",), tag="bulk"))
+                                                                sides=("off",), tag="bulk"), _write)
     lat_rows = [[f"{r['events']:,}", f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}", f"{r['embed_p50_ms']:.0f}",
                  f"{r['embed_p95_ms']:.0f}", f"{r['write_ms_per_event']:.3f}", f"{r['optimize_s']:.1f}",
                  "IVF_PQ" if r["ann"] else "flat"] for r in lat]

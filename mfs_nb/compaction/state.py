@@ -277,10 +277,6 @@ class CompactorState:
     def breaker_open(self) -> bool:
         return self.breaker.open
 
-    @breaker_open.setter
-    def breaker_open(self, value: bool) -> None:
-        self.breaker.open = value
-
     @property
     def failures(self) -> int:
         return self.breaker.failures
@@ -288,10 +284,6 @@ class CompactorState:
     @property
     def opened_at(self) -> float:
         return self.breaker.opened_at
-
-    @opened_at.setter
-    def opened_at(self, value: float) -> None:
-        self.breaker.opened_at = value
 
     def breaker_state(self) -> dict[str, Any]:
         return self.breaker.state()
