@@ -311,3 +311,36 @@ def test_rapid_refill_skips_one_automatic_compaction(store_dir):
     assert s.ledger()[-1] == {**s.ledger()[-1], "kind": "skip", "reason": "rapid_refill"}
     second = c.on_tier("compress", synchronous_background=True)  # only one is skipped
     assert not any("skipping" in n for n in second)
+
+
+def test_a_segment_is_seen_by_other_threads_only_once_it_is_declared(store_dir, monkeypatch):
+    """Deciding whether a segment makes the payload smaller projects the session with it in force
+    (`payload_with`); the indexer and search, on their own threads, read `Host.segments()` meanwhile.
+    Each time the meter is read during a compaction, another thread reads what they would: every segment
+    it sees must already be declared in the store (a segment seen before is one that may never commit,
+    its prose indexed under an id a later segment takes)."""
+    import threading
+
+    s = Session("race", store=store_dir, window_tokens=4096, llm=FakeLLM(default=REPLY), background_compaction=False)
+    undeclared: list[int] = []
+    reads = 0
+    real = s.usage
+
+    def read_elsewhere() -> None:
+        nonlocal reads
+        ids = [x.id for x in s.indexer.host.segments()]
+        declared = {r["seq"] for r in s.store.load_compactions(s.name) if r["phase"] == "declared"}
+        undeclared.extend(i for i in ids if i not in declared)
+        reads += 1
+
+    def watching(*args, **kwargs):
+        t = threading.Thread(target=read_elsewhere)
+        t.start()
+        t.join()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(s, "usage", watching)
+    for i in range(30):
+        s.chat(chatty(i))
+    assert s.compactor.segments and reads > 30  # compactions ran while the other thread looked
+    assert undeclared == []

@@ -48,7 +48,8 @@ class CompactorState:
         self.last_compaction_call = -10**9
         self.refill_skipped = False
         self.pending: Pending | None = None
-        self.trial: Segment | None = None  # a preview's segment, in `segments` for one projection only
+        self.trials: list[Segment] = []  # segments in `segments` for one projection only, not yet declared
+        self._trial_lock = threading.Lock()  # `trials` and `segments` change together for `in_force()`
         self._lock = threading.Lock()
         self.recovered: list[str] = []
         self.ignored: list[str] = []
@@ -126,19 +127,23 @@ class CompactorState:
 
     @contextmanager
     def trying(self, segment: Segment) -> Iterator[None]:
-        """`segment` in force for what the block projects (a preview), and left out of `in_force()`,
-        what other threads read of the session (the indexer, search)."""
-        self.trial = segment
-        self.segments.append(segment)
+        """`segment` in force for what the block projects (a preview, `payload_with`), and left out of
+        `in_force()`, what other threads read of the session (the indexer, search): it is a trial before
+        it is in `segments` and until it has left them."""
+        with self._trial_lock:
+            self.trials.append(segment)
+            self.segments.append(segment)
         try:
             yield
         finally:
-            self.segments.remove(segment)
-            self.trial = None
+            with self._trial_lock:
+                self.segments.remove(segment)
+                self.trials.remove(segment)
 
     def in_force(self) -> list[Segment]:
-        """The committed segments in force: `segments` without a preview's trial segment."""
-        return [x for x in self.segments if x is not self.trial]
+        """The declared segments in force: `segments` without a trial's."""
+        with self._trial_lock:
+            return [x for x in self.segments if not any(x is y for y in self.trials)]
 
     def _honour(self, row: dict[str, Any], number: int = 0) -> None:
         if row.get("type") == "retract":
@@ -266,11 +271,8 @@ class CompactorState:
     def payload_with(self, segment: Segment) -> tuple[int, int]:
         """(tokens now, tokens if `segment` were committed): the number the meter would show, both times."""
         now = self.host.usage().tokens
-        self.segments.append(segment)
-        try:
+        with self.trying(segment):
             return now, self.host.usage().tokens
-        finally:
-            self.segments.remove(segment)
 
     # -- the breaker (breaker.py): what the session, %mfs status and tests read of it ------------
     @property
