@@ -14,14 +14,15 @@ from typing import TYPE_CHECKING, Any
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 from .errors import ConfigError, InputError, LLMError, MfsError, PromptTooLong, StoreError
-from .tokens import estimate_tokens
+from .settings import VERSION
+from .window.tokens import estimate_tokens
 
-__version__ = "0.1.0"
+__version__ = VERSION
 
 if TYPE_CHECKING:
     from .events import Event
+    from .layers.view import Layer, SendView
     from .session import Reply, Session
-    from .view import Layer, SendView
 
 __all__ = [
     "ConfigError", "Event", "InputError", "LLMError", "Layer", "MfsError", "PromptTooLong", "Reply",
@@ -29,7 +30,7 @@ __all__ = [
     "unload_ipython_extension",
 ]
 
-_LAZY = {"Session": "session", "Reply": "session", "Event": "events", "Layer": "view", "SendView": "view"}
+_LAZY = {"Session": "session", "Reply": "session", "Event": "events", "Layer": "layers.view", "SendView": "layers.view"}
 
 
 def __getattr__(name: str) -> Any:
@@ -52,7 +53,7 @@ def empty_chat_body(lines: list[str]) -> list[str]:
 
 def load_ipython_extension(ipython: Any) -> None:
     """`%load_ext mfs_nb`: register the magics; litellm, LanceDB and the embedder warm up off the cell."""
-    from .cells import CellLog
+    from .layers.cells import CellLog
     from .notebook import warm
     from .notebook.magics import MfsMagics
 

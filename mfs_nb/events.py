@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from .tokens import message_tokens
+from .window.tokens import message_tokens
 
 ROLES = ("system", "user", "assistant", "tool")
 

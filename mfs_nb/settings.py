@@ -13,8 +13,10 @@ import re
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from .budget import FILL_BOUNDS, FILLS
 from .errors import ConfigError
+from .window.budget import FILL_BOUNDS, FILLS
+
+VERSION = "0.1.0"  # the package's version (pyproject.toml says the same; `mfs_nb.__version__`)
 
 OFFLINE_MODEL = "mfs-offline/default"
 

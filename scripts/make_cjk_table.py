@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from mfs_nb.tokens import CJK_PIECE, _ensure_tiktoken_cache
+from mfs_nb.window.tokens import CJK_PIECE, _ensure_tiktoken_cache
 
 OUT = Path(__file__).resolve().parent.parent / "mfs_nb" / "data" / "o200k_cjk.txt"
 

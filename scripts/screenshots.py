@@ -32,7 +32,7 @@ def _cell(source: str) -> dict:
 def notebook(transcript: Path, window: int) -> dict:
     cells = [
         _cell("%load_ext mfs_nb"),
-        _cell("import os\nfrom mfs_nb.replay import load_transcript, replay\n\n"
+        _cell("import os\nfrom mfs_nb.commands.replay import load_transcript, replay\n\n"
               f"report = replay(load_transcript({str(transcript)!r}), window={window}, store=os.environ['MFS_STORE'],\n"
               "                session='default', keep=lambda s: s._save_meta())\n"
               "print(len(report['calls']), 'calls;', len(report['segments']), 'segments; coverage', report['coverage'])"),
@@ -66,7 +66,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "docs" / "img"))
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from mfs_nb.bench.data import Data, find_data, to_openai
+    from mfs_nb.bench.dataset import Data, find_data, to_openai
 
     root = find_data(args.data)
     if root is None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from mfs_nb.errors import MfsError
-from mfs_nb.llm import Completion
+from mfs_nb.models.llm import Completion
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +46,7 @@ def vectors(monkeypatch: pytest.MonkeyPatch) -> None:
 def roomy_layers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The standing layers at their full claims (70 % of the usable window, as before the one budget
     plan), for tests of a mechanism that needs a block holding several maps at a small window."""
-    from mfs_nb import budget
+    from mfs_nb.window import budget
 
     monkeypatch.setattr(budget, "STANDING_SMALL", 0.70)
     monkeypatch.setattr(budget, "STANDING_LARGE", 0.70)

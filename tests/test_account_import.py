@@ -8,8 +8,8 @@ import json
 import zipfile
 from pathlib import Path
 
-from mfs_nb import accounts
-from mfs_nb.cli import main
+from mfs_nb.commands import accounts
+from mfs_nb.commands.cli import main
 from mfs_nb.store import Store
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from mfs_nb.bench import baselines, sidebyside
-from mfs_nb.tokens import message_tokens
-from mfs_nb.usage import ContextProfile
+from mfs_nb.window.tokens import message_tokens
+from mfs_nb.window.usage import ContextProfile
 
 
 def transcript(turns: int = 120) -> list[dict]:

@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from mfs_nb.bench.data import to_openai
-from mfs_nb.cli import main
+from mfs_nb.bench.dataset import to_openai
+from mfs_nb.commands.cli import main
 
 LOADERS = textwrap.dedent('''
     def _chat(n, lang):
@@ -106,9 +106,10 @@ def test_coding_agent_messages_become_paired_tool_calls():
 
 
 def test_verbatim_probe_scoring_and_naive_track():
-    from mfs_nb import embed, track
     from mfs_nb.bench import verbatim
     from mfs_nb.events import Event
+    from mfs_nb.layers import track
+    from mfs_nb.models import embed
 
     reply = ("Set pool_size=30 in config/db.yaml and reuse one client per worker; with 8 workers that stays "
              "under the server's limit of 300 connections.")
@@ -161,8 +162,8 @@ def test_the_cost_suites_rules_read_what_an_earlier_request_wrote_and_nothing_el
     before that ends within 20 messages before it, and writes the rest up to the last mark; OpenAI's
     read a shared prefix only from 1,024 tokens, in 128-token steps."""
     from mfs_nb.bench import baselines
-    from mfs_nb.bench.cost import price_anthropic, price_openai
-    from mfs_nb.tokens import message_tokens
+    from mfs_nb.bench.costbench import price_anthropic, price_openai
+    from mfs_nb.window.tokens import message_tokens
 
     system = {"role": "system", "content": "You are a helpful assistant."}
     turns = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " + "word " * 500}
@@ -184,7 +185,7 @@ def test_the_cost_suites_rules_read_what_an_earlier_request_wrote_and_nothing_el
 
 
 def test_keyword_queries_keep_names_numbers_and_content_words_only():
-    from mfs_nb.bench.recall import keyword_query
+    from mfs_nb.bench.recallbench import keyword_query
 
     assert keyword_query("When did Caroline go to the LGBTQ support group?") == "Caroline LGBTQ support group"
     assert keyword_query("What is Gina's favorite style of dance in 2023?") == "Gina favorite style dance 2023"
@@ -194,7 +195,7 @@ def test_keyword_queries_keep_names_numbers_and_content_words_only():
 def test_a_payback_is_the_miss_over_what_the_payload_lost():
     """Read from payloads alone: growth and a shrink that keeps the prefix are not misses; a payload
     that changes after its first message and shrinks pays back its tail over what it lost."""
-    from mfs_nb.bench import budget
+    from mfs_nb.bench import budgetbench as budget
     from mfs_nb.bench.sidebyside import Counter
 
     sys_, a, b, c = ({"role": r, "content": t * 50} for r, t in
@@ -210,8 +211,8 @@ def test_a_payback_is_the_miss_over_what_the_payload_lost():
 def test_the_budget_suite_reads_both_strategies_from_what_they_sent():
     """The budget suite on a synthetic chat at 8k: both strategies compact, their figures come from
     their own payloads, and the same-size truncation is cut to mfs_nb's final payload."""
-    from mfs_nb.bench import budget
-    from mfs_nb.tokens import message_tokens
+    from mfs_nb.bench import budgetbench as budget
+    from mfs_nb.window.tokens import message_tokens
 
     convs = []
     for c in range(2):
@@ -243,9 +244,9 @@ def test_the_one_step_page_is_the_page_recall_search_returns_by_default():
     import inspect
 
     from mfs_nb.bench import onestep
-    from mfs_nb.mcp_server import Memory
+    from mfs_nb.commands.mcp_server import Memory
+    from mfs_nb.recall.tools import SEARCH_SCHEMA
     from mfs_nb.session import Session
-    from mfs_nb.tools import SEARCH_SCHEMA
 
     assert onestep.PAGE == 10
     assert inspect.signature(Session._search_tool).parameters["k"].default == onestep.PAGE
@@ -258,7 +259,8 @@ def test_the_one_step_page_passes_the_shown_messages_as_uids_and_reads_hits_back
     messages as uids, asks for the tool's default page, and reads event hits back as message indices."""
     from types import SimpleNamespace
 
-    from mfs_nb.bench import onestep, recall
+    from mfs_nb.bench import onestep
+    from mfs_nb.bench import recallbench as recall
 
     asked: list[tuple] = []
 

@@ -11,7 +11,7 @@ from typing import Any
 from fake_provider import FakeProvider
 
 from mfs_nb.bench import qa
-from mfs_nb.cli import main
+from mfs_nb.commands.cli import main
 
 LOADERS = textwrap.dedent('''
     def locomo():

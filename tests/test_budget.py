@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from conftest import FakeLLM
 
-from mfs_nb import Session, budget
+from mfs_nb import Session
 from mfs_nb.errors import ConfigError
 from mfs_nb.settings import Settings
-from mfs_nb.usage import ContextProfile
+from mfs_nb.window import budget
+from mfs_nb.window.usage import ContextProfile
 
 WINDOWS = (4_096, 8_192, 16_384, 32_768, 65_536, 131_072, 200_000, 1_000_000, 10_000_000)
 
@@ -89,7 +90,7 @@ def test_a_compaction_ends_near_the_target_and_keeps_the_rest_raw(store_dir):
 def test_a_segments_fact_list_follows_the_sessions_own_plan(store_dir):
     """A smaller fact track leaves the block more room (`budget.plan`), and a segment's fact list, an
     eighth of the block, reads the session's plan rather than the default one."""
-    from mfs_nb import segments as seg
+    from mfs_nb.layers import segments as seg
 
     s = Session("fb", store=store_dir, window_tokens=16_384, llm=FakeLLM(default="Noted, that is done. " * 40),
                 fact_share=0.05, background_compaction=False)
@@ -132,7 +133,7 @@ def test_a_compaction_of_short_questions_and_long_answers_reserves_only_what_the
 def _compaction_ends(window: int, **settings) -> list[tuple[str, float]]:
     from test_clearing import coding_transcript
 
-    from mfs_nb.replay import normalise, replay
+    from mfs_nb.commands.replay import normalise, replay
 
     seen: dict = {}
     replay(normalise(coding_transcript(60, 1800)), window=window, keep=lambda s: seen.setdefault("rows", s.ledger()),
@@ -179,7 +180,7 @@ def test_the_fill_is_one_setting_with_bounds_named_when_refused():
 def test_standing_layers_over_the_fill_are_named_once_with_the_layer_and_by_how_much(store_dir, monkeypatch):
     from dataclasses import replace
 
-    from mfs_nb.view import Layer
+    from mfs_nb.layers.view import Layer
 
     p = budget.plan(ContextProfile(32_768).effective)
     layers = [Layer("system", None, None, 100), Layer("knowledge", None, None, p.target + 500),
@@ -204,7 +205,7 @@ def test_standing_layers_over_the_fill_are_named_once_with_the_layer_and_by_how_
 
 
 def test_the_budget_setting_says_where_compactions_end_and_what_100_calls_cost():
-    from mfs_nb.cost import budget_line, price
+    from mfs_nb.models.cost import budget_line, price
 
     eff = ContextProfile(200_000).effective
     model = "anthropic/claude-sonnet-4-5"

@@ -8,7 +8,7 @@ import pytest
 from conftest import FakeLLM
 
 from mfs_nb import Session
-from mfs_nb.cells import CellRecord, event_text, mime_digest
+from mfs_nb.layers.cells import CellRecord, event_text, mime_digest
 
 PNG = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(34_000)).decode()
 
@@ -121,7 +121,7 @@ def test_keys_in_cells_never_reach_the_store_and_stdout_is_always_restored(ip):
 
 
 def test_a_line_that_mentions_an_error_is_not_a_failure():
-    from mfs_nb.cells import failed_lines
+    from mfs_nb.layers.cells import failed_lines
 
     ok = CellRecord(3, "ab", "print(report)", "", 0.1, "[step 3] error rate 0.2 · ] error budget 3%").line()
     bad = CellRecord(4, "cd", "d['x']", "KeyError: 'x'", 0.1, "").line()

@@ -8,11 +8,11 @@ from __future__ import annotations
 import re
 
 from mfs_nb import lang
+from mfs_nb.commands.replay import normalise, replay
 from mfs_nb.events import Event
-from mfs_nb.offline import extractive_merge, offline_reply
-from mfs_nb.replay import normalise, replay
-from mfs_nb.segments import Segment, build, instruction, topic_keywords
-from mfs_nb.workset import budget, fact_track, lines_of
+from mfs_nb.layers.segments import Segment, build, instruction, topic_keywords
+from mfs_nb.layers.workset import budget, fact_track, lines_of
+from mfs_nb.models.offline import extractive_merge, offline_reply
 
 ENGLISH_LABELS = ("said (user and assistant):", "errors seen:", "commands run:", "other tool calls:",
                   "files touched:", "left for the budget", "older fact lines", "Facts (verbatim):", "topics:",
@@ -160,7 +160,7 @@ def _track(s) -> str:
 
 
 def test_a_chinese_verbatim_track_labels_its_quotes_and_documents_in_chinese(store_dir):
-    from mfs_nb import origin
+    from mfs_nb.layers import origin
 
     s, quoted, noted, doc = _chinese_session(store_dir)
     s.compact()
@@ -194,7 +194,7 @@ def test_a_chinese_track_names_the_messages_it_left_out_in_chinese(store_dir):
 
 
 def test_the_eviction_note_in_the_send_view_is_in_the_conversations_language():
-    from mfs_nb.view import project
+    from mfs_nb.layers.view import project
 
     events = _events(10)
     view = project(events, "system", evicted=[(1, 4)])

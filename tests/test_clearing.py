@@ -12,12 +12,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_view import assert_paired, histories
 
-from mfs_nb import Session, clearing
-from mfs_nb.clearing import Clearing, apply, cleared_text, trimmed_text
+from mfs_nb import Session
 from mfs_nb.events import content_hash
-from mfs_nb.facts import tool_digest
-from mfs_nb.tools import MAX_RESULT_CHARS, Tool, call_tool
-from mfs_nb.view import pair_tool_messages, project
+from mfs_nb.layers import clearing
+from mfs_nb.layers.clearing import Clearing, apply, cleared_text, trimmed_text
+from mfs_nb.layers.facts import tool_digest
+from mfs_nb.layers.view import pair_tool_messages, project
+from mfs_nb.recall.tools import MAX_RESULT_CHARS, Tool, call_tool
 
 HANDLE = re.compile(r"recall_history\((\d+), (\d+)\)")
 
@@ -165,7 +166,7 @@ def test_notebook_tools(tmp_path, monkeypatch):
     from IPython.core.interactiveshell import InteractiveShell
     from traitlets.config import Config
 
-    from mfs_nb.notebook.tools import notebook_tools
+    from mfs_nb.notebook.kernel_tools import notebook_tools
 
     cfg = Config()
     cfg.HistoryManager.enabled = False
@@ -210,7 +211,7 @@ def test_magics_register_notebook_tools_unless_opted_out(tmp_path, monkeypatch):
         shell.run_line_magic("mfs", "config notebook_tools=false")
         assert "recall_history" in offered() and not {"inspect_variable", "cell_output"} & offered()
         shell.user_ns["secret_frame"] = 42
-        from mfs_nb.tools import call_tool
+        from mfs_nb.recall.tools import call_tool
 
         assert call_tool(session._offered(), "inspect_variable", '{"name": "secret_frame"}').startswith(
             "error: unknown tool")
@@ -257,8 +258,8 @@ def _resets(report: dict) -> int:
 def test_a_clearing_and_a_compaction_share_one_cache_miss(monkeypatch):
     """Both rewrite the payload from the history layers on, so a compaction ready at a clearing is
     committed with it, and a compaction clears whatever it frees at all: fewer resets of the prefix."""
+    from mfs_nb.commands.replay import normalise, replay
     from mfs_nb.compaction import Compactor
-    from mfs_nb.replay import normalise, replay
 
     messages = normalise(coding_transcript(70))
     together = replay(messages, window=8000)

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from mfs_nb.cli import main
+from mfs_nb.commands.cli import main
 
 
 def synthetic_transcript(n: int = 500) -> list[dict]:

@@ -10,11 +10,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mfs_nb import LLMError, PromptTooLong, Session
+from mfs_nb.commands.replay import normalise, replay
 from mfs_nb.events import Event
-from mfs_nb.facts import COMMAND, ERROR, NUMBER, PATH, classify, extract
-from mfs_nb.replay import normalise, replay
-from mfs_nb.segments import HONESTY, compressor_messages, select_range
-from mfs_nb.workset import budget, lines_of
+from mfs_nb.layers.facts import COMMAND, ERROR, NUMBER, PATH, classify, extract
+from mfs_nb.layers.segments import HONESTY, compressor_messages, select_range
+from mfs_nb.layers.workset import budget, lines_of
 
 
 def chatty(i: int) -> str:
@@ -68,7 +68,7 @@ def test_input_of_each_compression_is_exactly_its_declared_range(store_dir):
 
 
 def test_segment_text_has_header_honesty_line_prose_and_facts(store_dir, monkeypatch):
-    import mfs_nb.segments as segments
+    import mfs_nb.layers.segments as segments
 
     monkeypatch.setattr(segments, "FACT_BLOCK", 0.4)  # room for several fact lines at this small window
     s = Session("text", store=store_dir, window_tokens=4096, llm=FakeLLM(), background_compaction=False)
@@ -189,7 +189,7 @@ def test_atomic_commit_rejects_a_stale_result(store_dir):
     for i in range(6):
         s.chat(chatty(i))
     events = s.events[:4]
-    from mfs_nb.segments import build
+    from mfs_nb.layers.segments import build
 
     stale = build(99, events, "- a summary that no longer matches")
     forged = type(stale)(**{**stale.to_json(), "covered_hash": "0" * 32})

@@ -13,7 +13,7 @@ from conftest import FakeLLM
 from mfs_nb import Session
 from mfs_nb.compaction import consolidation as con
 from mfs_nb.compaction import terminal
-from mfs_nb.segments import Segment
+from mfs_nb.layers.segments import Segment
 
 
 @pytest.fixture(autouse=True)
@@ -116,7 +116,7 @@ def _evicting(store_dir, raw_tokens: int):
     from mfs_nb.host import Host
     from mfs_nb.settings import Settings
     from mfs_nb.store import Store
-    from mfs_nb.usage import Usage
+    from mfs_nb.window.usage import Usage
 
     rows: list[dict] = []
     box: dict = {}
@@ -258,7 +258,7 @@ def test_a_run_the_gates_turn_down_at_full_depth_sinks_before_anything_is_evicte
     the coldest L0 into the deepest map before the oldest map is evicted (issue 15, item 5)."""
     from test_clearing import coding_transcript
 
-    from mfs_nb.replay import normalise, replay
+    from mfs_nb.commands.replay import normalise, replay
 
     def on_call(session, plan):  # once the depth limit is reached, every merge below the hard tier fails 'shrink'
         if any(x.level >= 1 for x in session.compactor.segments):
@@ -279,7 +279,7 @@ def test_a_run_the_shrink_gate_turns_down_before_any_depth_sinks_instead_of_bein
     mapped, not left to the evicted-range line (issue 15's bar)."""
     from test_clearing import coding_transcript
 
-    from mfs_nb.replay import normalise, replay
+    from mfs_nb.commands.replay import normalise, replay
 
     monkeypatch.setattr(con, "SHRINK_MIN", 0.99)  # every merge below the hard tier fails 'shrink', at any depth
     report = replay(normalise(coding_transcript(70)), window=8000)

@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent / "faults"))
 from worker import Model  # noqa: E402
 
 from mfs_nb import Session, StoreError  # noqa: E402
-from mfs_nb.cli import main  # noqa: E402
-from mfs_nb.doctor import doctor  # noqa: E402
+from mfs_nb.commands.cli import main  # noqa: E402
+from mfs_nb.store.doctor import doctor  # noqa: E402
 
 
 def _session(store: str, turns: int = 14) -> Session:

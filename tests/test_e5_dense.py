@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from mfs_nb import e5_dense  # noqa: E402
-from mfs_nb.embed import LATENT_TERMS, MAX_CHARS, E5Embedder, stop_bulk_encoder, use_bulk_encoder  # noqa: E402
+from mfs_nb.models import e5_dense  # noqa: E402
+from mfs_nb.models.embed import LATENT_TERMS, MAX_CHARS, E5Embedder, stop_bulk_encoder, use_bulk_encoder  # noqa: E402
 
 # A fixed set, written here: chat turns, code and tool output, Chinese, markup, odd spacing, the model's own
 # special pieces, a text past the 512-token window (two windows), and nothing at all.

@@ -8,7 +8,7 @@ from conftest import FakeLLM
 
 from mfs_nb import Session
 from mfs_nb.events import Event
-from mfs_nb.workset import fact_track
+from mfs_nb.layers.workset import fact_track
 
 
 def _events(n: int) -> list[Event]:
@@ -99,7 +99,7 @@ def test_facts_survive_the_eviction_of_their_segment_map(store_dir, roomy_layers
 def test_what_tools_printed_fills_the_room_the_rest_leaves_newest_first():
     """A compacted tool result's printed paths and numbers stay in the fact track, under their own
     caption, ranked under every other line: a tight track keeps the working set and drops them first."""
-    from mfs_nb.workset import lines_of
+    from mfs_nb.layers.workset import lines_of
 
     def call(uid: int, cid: str, command: str) -> Event:
         return Event(uid, "s", uid, "assistant", "", tool_calls=({"id": cid, "type": "function", "function": {
@@ -121,7 +121,7 @@ def test_what_tools_printed_fills_the_room_the_rest_leaves_newest_first():
 
 
 def test_printed_lines_leave_out_errors_and_recalls_and_the_newest_win_the_room():
-    from mfs_nb.workset import lines_of
+    from mfs_nb.layers.workset import lines_of
 
     def call(uid: int, cid: str, name: str = "Bash") -> Event:
         return Event(uid, "s", uid, "assistant", "", tool_calls=({"id": cid, "type": "function", "function": {

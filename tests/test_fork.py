@@ -101,7 +101,7 @@ def test_fork_keeps_the_parents_classifications_and_an_interrupted_fork_is_finis
 
 
 def test_a_fork_larger_than_the_compressor_reads_gets_the_parents_summaries(store_dir, monkeypatch):
-    import mfs_nb.segments as seg
+    import mfs_nb.layers.segments as seg
 
     parent = Session("big", store=store_dir, window_tokens=32000, show_budget=False,
                      llm=FakeLLM(default=REPLY * 6, summary_text="- the nightly export moved to 02:30 UTC after the "

@@ -7,7 +7,7 @@ from __future__ import annotations
 from conftest import FakeLLM
 
 from mfs_nb import Session
-from mfs_nb.llm import Completion
+from mfs_nb.models.llm import Completion
 
 REPLY = ("Here is how I would think about it: size the pool from the database's limit and the number of "
          "replicas, leave headroom for migrations and manual sessions, and let the retries back off. ") * 4
@@ -92,7 +92,7 @@ def test_a_good_summary_is_still_the_one_used(store_dir):
 
 def test_when_not_even_the_digest_is_smaller_the_terminal_chain_makes_room(store_dir, monkeypatch, roomy_layers):
     uncapped(monkeypatch)
-    import mfs_nb.segments as segments
+    import mfs_nb.layers.segments as segments
 
     class Switch(VerboseSummarizer):
         verbose = False

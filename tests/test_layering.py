@@ -1,5 +1,5 @@
 """The package's layering, read from the source's imports (every one, including those inside
-functions; those under `if TYPE_CHECKING:` only name types and are left out):
+functions; those under `if TYPE_CHECKING:` only name types: they count for cycles only):
 
 - the pure modules touch no storage, network or notebook: they import none of the store, the model
   client, the embedder, the notebook or the session, and no third-party library that does;
@@ -7,7 +7,8 @@ functions; those under `if TYPE_CHECKING:` only name types and are left out):
 - only the front ends (`notebook/`, `bench/`, `cli`, `replay`, `demo`, `importer`, `mcp_server`, the package
   root's lazy export)
   import the `session` package;
-- no two modules import each other, directly or through others.
+- no two modules import each other, directly or through others, not even to name a type;
+- no module takes a private (`_name`) name from another: what another module needs is public.
 
 `docs/architecture.md` says the same in words and lists every module; a test here holds it to that."""
 
@@ -23,16 +24,16 @@ ROOT = Path(mfs_nb.__file__).parent
 DOCS = ROOT.parent / "docs" / "architecture.md"
 
 # the memory logic that the property tests exercise: text in, text out
-PURE = {"events", "view", "tokens", "usage", "tools", "clearing", "facts", "segments", "origin", "meter",
-        "search", "knowledge", "workset", "lang", "index_rows", "transcripts", "accounts", "redaction", "compaction.coldrange",
+PURE = {"events", "layers.view", "window.tokens", "window.usage", "recall.tools", "layers.clearing", "layers.facts", "layers.segments", "layers.origin", "window.meter",
+        "recall.ranking", "layers.knowledge", "layers.workset", "lang", "recall.rows", "commands.transcripts", "commands.accounts", "redaction", "compaction.coldrange",
         "compaction.consolidation", "compaction.terminal", "compaction.summary_check"}
 # what a pure module may not reach, inside the package or outside it
-IMPURE_PACKAGES = ("store", "session", "notebook", "ui", "bench", "llm", "offline", "embed", "index", "searcher",
-                   "track", "snapshots", "quiet", "offprocess", "_encoder_child", "cli", "doctor", "export", "replay", "demo", "cost", "importer", "mcp_server",
-                   "prompt_cache", "host", "compaction.compactor", "compaction.lease", "compaction.protocol")
+IMPURE_PACKAGES = ("store", "session", "notebook", "ui", "bench", "models.llm", "models.offline", "models.embed", "recall.indexer", "recall.searcher",
+                   "layers.track", "layers.snapshots", "store.quiet", "models.offprocess", "models._encoder_child", "commands.cli", "store.doctor", "commands.export", "commands.replay", "commands.demo", "models.cost", "commands.importer", "commands.mcp_server",
+                   "models.prompt_cache", "host", "compaction.compactor", "compaction.lease", "compaction.protocol")
 IMPURE_LIBRARIES = ("lancedb", "pyarrow", "litellm", "IPython", "ipywidgets", "anywidget", "requests", "httpx",
                     "urllib", "socket", "sentence_transformers", "torch", "boto3", "mcp", "uvicorn", "starlette")
-FRONT_ENDS = ("notebook", "bench", "cli", "replay", "demo", "importer", "mcp_server", "")  # "" is the package root's lazy export
+FRONT_ENDS = ("notebook", "bench", "commands.cli", "commands.replay", "commands.demo", "commands.importer", "commands.mcp_server", "")  # "" is the package root's lazy export
 
 
 def module_name(rel: str) -> str:
@@ -60,11 +61,13 @@ def _type_checking_only(tree: ast.AST) -> set[int]:
     return lines
 
 
-def imports(name: str, text: str, modules: set[str]) -> tuple[set[str], set[str]]:
-    """(modules of this package, top-level outside libraries) that module `name` imports."""
+def imports(name: str, text: str, modules: set[str], types: bool = False) -> tuple[set[str], set[str]]:
+    """(modules of this package, top-level outside libraries) that module `name` imports at run time, or
+    with `types` those that only name types too."""
     tree = ast.parse(text)
-    skip = _type_checking_only(tree)
-    package = name.split(".") if name in modules and _is_package(name, text, modules) else name.split(".")[:-1]
+    skip = set() if types else _type_checking_only(tree)
+    parts = name.split(".") if name else []  # the package root's relative imports start at the root
+    package = parts if _is_package(name, text, modules) else parts[:-1]
     inside: set[str] = set()
     outside: set[str] = set()
     for node in ast.walk(tree):
@@ -91,15 +94,26 @@ def imports(name: str, text: str, modules: set[str]) -> tuple[set[str], set[str]
     return {m for m in inside if m in modules and m != name}, outside
 
 
+def private_imports(text: str) -> list[str]:
+    """`from <a module of the package> import _name` statements: what another module needs is public."""
+    out = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "mfs_nb"):
+            names = [a.name for a in node.names if a.name.startswith("_") and not a.name.startswith("__")]
+            if names:
+                out.append(f"from {'.' * node.level}{node.module or ''} import {', '.join(names)}")
+    return out
+
+
 def _is_package(name: str, text: str, modules: set[str]) -> bool:
     return any(m.startswith(name + ".") for m in modules) or name == ""
 
 
-def graph(srcs: dict[str, str]) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+def graph(srcs: dict[str, str], types: bool = False) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     modules = set(srcs)
     inside, outside = {}, {}
     for name, text in srcs.items():
-        inside[name], outside[name] = imports(name, text, modules)
+        inside[name], outside[name] = imports(name, text, modules, types)
     return inside, outside
 
 
@@ -125,7 +139,12 @@ def violations(srcs: dict[str, str]) -> list[str]:
             for target in sorted(inside[name]):
                 if _under(target, ("session",)):
                     out.append(f"{name or 'mfs_nb'} imports {target}: only the front ends use the Session")
-    # a cycle: a module that reaches itself (package roots re-exporting their own parts are left out)
+    for name in sorted(srcs):
+        for line in private_imports(srcs[name]):
+            out.append(f"{name or 'mfs_nb'} imports a private name: {line}")
+    # a cycle: a module that reaches itself, imports that only name types included (package roots
+    # re-exporting their own parts are left out)
+    inside = graph(srcs, types=True)[0]
     for name in sorted(srcs):
         seen, stack = set(), [t for t in inside[name] if not _under(name, (t,))]
         while stack:
@@ -147,32 +166,76 @@ def test_the_package_keeps_its_layers():
 def test_the_check_fails_when_a_pure_module_reaches_the_store_or_the_session():
     srcs = sources()
     broken = dict(srcs)
-    broken["view"] = srcs["view"] + "\n\ndef _leak():\n    from .store import Store\n    return Store\n"
-    assert "pure module view imports store" in violations(broken)
+    broken["layers.view"] = srcs["layers.view"] + "\n\ndef _leak():\n    from ..store import Store\n    return Store\n"
+    assert "pure module layers.view imports store" in violations(broken)
     broken = dict(srcs)
-    broken["segments"] = "import lancedb\n" + srcs["segments"]
+    broken["layers.segments"] = "import lancedb\n" + srcs["layers.segments"]
     found = violations(broken)
-    assert "pure module segments imports lancedb" in found
-    assert "segments imports lancedb: only the store package does" in found
+    assert "pure module layers.segments imports lancedb" in found
+    assert "layers.segments imports lancedb: only the store package does" in found
     broken = dict(srcs)
     broken["compaction.coldrange"] = "from ..session import Session\n" + srcs["compaction.coldrange"]
     found = violations(broken)
     assert "compaction.coldrange imports session: only the front ends use the Session" in found
     assert "pure module compaction.coldrange imports session" in found
     broken = dict(srcs)  # a cycle hidden inside a function
-    broken["events"] = srcs["events"] + "\n\ndef _late():\n    from .view import project\n    return project\n"
+    broken["events"] = srcs["events"] + "\n\ndef _late():\n    from .layers.view import project\n    return project\n"
     assert "events imports itself through other modules" in violations(broken)
-    # imports that only name types do not count
+    broken = dict(srcs)  # a private name taken from another module
+    broken["layers.view"] = "from ..window.tokens import _CLASS\n" + srcs["layers.view"]
+    assert "layers.view imports a private name: from ..window.tokens import _CLASS" in violations(broken)
+    broken = dict(srcs)  # a cycle through an import that only names a type
+    broken["window.tokens"] = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..layers.view import SendView\n"
+                               + srcs["window.tokens"])
+    assert "window.tokens imports itself through other modules" in violations(broken)
+    # imports that only name types do not break the layers
     broken = dict(srcs)
-    broken["view"] = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .store import Store\n"
-                      + srcs["view"])
+    broken["layers.view"] = ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..store import Store\n"
+                      + srcs["layers.view"])
     assert violations(broken) == []
 
 
-def test_every_module_is_in_the_architecture_page():
-    listed = set(re.findall(r"^\| `([a-z0-9_.]+)` \|", DOCS.read_text(encoding="utf-8"), re.M))
+ROW = re.compile(r"^\| `([a-z0-9_.]+)` \| (.*) \| ([^|]*) \|$", re.M)
+
+
+def imports_cell(name: str, inside: dict[str, set[str]]) -> str:
+    """The table's imports column for `name`: the package's modules it imports at run time (its own
+    parts shown as such), else "stdlib and outside libraries only"."""
+    deps = sorted(inside[name])
+    own = [d for d in deps if d.startswith(name + ".")] if name else []
+    rest = [d for d in deps if d not in own]
+    cell = ", ".join(f"`{d}`" for d in rest)
+    if own:
+        cell = (cell + "; " if cell else "") + "its parts"
+    return cell or "—"
+
+
+def architecture_rows(text: str, inside: dict[str, set[str]] | None = None) -> str:
+    """docs/architecture.md with every table row's imports column as the source says."""
+    inside = graph(sources())[0] if inside is None else inside
+    def row(m: re.Match) -> str:
+        name = _listed(m[1])
+        return f"| `{m[1]}` | {m[2]} | {imports_cell(name, inside)} |" if name in inside else m[0]
+    return ROW.sub(row, text)
+
+
+def _listed(cell: str) -> str:
+    """A table row's module: `__init__` is the package root."""
+    return "" if cell == "__init__" else cell
+
+
+def test_every_module_is_in_the_architecture_page_with_its_imports():
+    """`python tests/test_layering.py --write` rewrites the imports column from the source."""
+    text = DOCS.read_text(encoding="utf-8")
+    listed = {_listed(m[1]) for m in ROW.finditer(text)}
     missing = sorted(m for m in sources() if m and m not in listed)
     assert missing == [], f"modules not in docs/architecture.md's table: {missing}"
+    inside = graph(sources())[0]
+    stale = [m[1] for m in ROW.finditer(text) if m[0] != architecture_rows(m[0], inside)]
+    assert stale == [], f"imports column out of date for {stale}: run python tests/test_layering.py --write"
+    gone = sorted(listed - set(sources()))
+    assert gone == [], f"docs/architecture.md lists modules that are not in the package: {gone}"
+
 
 
 def test_no_comment_points_outside_the_repository():
@@ -183,3 +246,9 @@ def test_no_comment_points_outside_the_repository():
             if re.search(r"DESIGN(\.md)?\s*§|\bDESIGN\.md\b|\bseed\s*0\d\d|\.\./shared/(DESIGN|STYLE|seeds)", line):
                 found.append(f"{path.relative_to(ROOT)}:{i}")
     assert found == []
+
+
+if __name__ == "__main__":
+    import sys
+    if sys.argv[1:] == ["--write"]:
+        DOCS.write_text(architecture_rows(DOCS.read_text(encoding="utf-8")), encoding="utf-8")

@@ -9,7 +9,7 @@ import pytest
 from fake_provider import FakeProvider
 
 from mfs_nb import LLMError, Session
-from mfs_nb.llm import LLM, Endpoint, parse_token_gap, redact
+from mfs_nb.models.llm import LLM, Endpoint, parse_token_gap, redact
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def test_primary_is_retried_after_the_cool_down(servers):
 
 def test_status_says_whether_a_key_is_sent_and_from_where(monkeypatch):
     """Issue 71, item 4: a key that did not survive a restart is not silent."""
-    from mfs_nb.llm import Endpoint, key_status
+    from mfs_nb.models.llm import Endpoint, key_status
 
     monkeypatch.delenv("MFS_API_KEY", raising=False)
     local = Endpoint("openai/m", "http://127.0.0.1:8000/v1", key_env="MFS_API_KEY")

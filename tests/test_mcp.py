@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from mfs_nb import Session, transcripts
-from mfs_nb.cli import main
-from mfs_nb.mcp_server import Memory, build
+from mfs_nb import Session
+from mfs_nb.commands import transcripts
+from mfs_nb.commands.cli import main
+from mfs_nb.commands.mcp_server import Memory, build
 from mfs_nb.store import Store
 
 pytest.importorskip("mcp", reason="the MCP tests need the mcp extra (it is in the test extra)")

@@ -1,4 +1,4 @@
-"""The background encoder in a process of its own (mfs_nb/offprocess.py, issue 44): the same
+"""The background encoder in a process of its own (mfs_nb/models/offprocess.py, issue 44): the same
 vectors and latent terms as in this process, stopped while a turn or a search runs, and the passes
 back in this process when the child cannot serve."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 from conftest import FakeLLM
 
-from mfs_nb import offprocess
-from mfs_nb.embed import LATENT_TERMS, E5Embedder
+from mfs_nb.models import offprocess
+from mfs_nb.models.embed import LATENT_TERMS, E5Embedder
 from mfs_nb.session import Session
 
 TEXTS = ["the pool pump runs at 2,400 rpm", "keep the filter at /srv/pool/filter.cfg", "chlorine at 1.5 ppm"]
@@ -84,7 +84,7 @@ def test_a_chat_and_a_search_stop_the_encoder_process_while_they_run(store_dir, 
     s = Session("s", store=store_dir, recall_index=True, llm=Watching())
     s.chat("where is the filter config?")
     assert seen == ["T"] and _state(encoder.pid, "R") != "T"
-    from mfs_nb import searcher
+    from mfs_nb.recall import searcher
 
     with searcher.reading():
         seen.append(_state(encoder.pid, "T"))

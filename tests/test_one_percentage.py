@@ -9,8 +9,8 @@ import re
 from conftest import FakeLLM
 
 from mfs_nb import Session
-from mfs_nb.llm import Completion
-from mfs_nb.tokens import message_tokens
+from mfs_nb.models.llm import Completion
+from mfs_nb.window.tokens import message_tokens
 
 PROVIDER_SHARE = 0.8  # this provider's tokenizer counts a fifth fewer tokens than the estimate
 

@@ -21,7 +21,7 @@ def test_wheel_contains_front_end_files_and_prompts(tmp_path):
     for front in (ROOT / "widgets").iterdir():
         assert f"mfs_nb/widgets/{front.name}" in names
     assert "mfs_nb/prompts/system.md" in names and "mfs_nb/data/o200k_cjk.txt" in names
-    assert "mfs_nb/_encoder_child.py" in names  # run by path (offprocess), never imported: nothing else would notice
+    assert "mfs_nb/models/_encoder_child.py" in names  # run by path (offprocess), never imported: nothing else would notice
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "mfs-nb = mfs_nb.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert "mfs-nb = mfs_nb.commands.cli:main" in zipfile.ZipFile(wheel).read(entry).decode()
     assert not any(n.startswith(("tests/", "examples/")) for n in names)

@@ -10,14 +10,14 @@ import re
 from conftest import FakeLLM
 
 from mfs_nb import Session
-from mfs_nb.llm import Completion
-from mfs_nb.search import Hit
-from mfs_nb.tokens import message_tokens
+from mfs_nb.models.llm import Completion
+from mfs_nb.recall.ranking import Hit
 from mfs_nb.ui.context import ContextView
 from mfs_nb.ui.data import context_data, ledger_data
 from mfs_nb.ui.html import ledger_html
 from mfs_nb.ui.ledger import LedgerView
-from mfs_nb.usage import Usage
+from mfs_nb.window.tokens import message_tokens
+from mfs_nb.window.usage import Usage
 
 INTERNAL_TIER = re.compile(r"\btier\b|\b(warn|compress|hard)\b")
 
@@ -82,7 +82,7 @@ def test_a_search_hit_on_a_summary_names_its_uid_range_once():
 
 
 def test_a_before_and_after_that_would_read_alike_shows_exact_numbers():
-    from mfs_nb.usage import human_pair
+    from mfs_nb.window.usage import human_pair
 
     assert human_pair(1612, 1598) == ("1,612", "1,598")
     assert human_pair(12_400, 3_100) == ("12.4k", "3.1k")

@@ -110,7 +110,7 @@ def test_undo_refuses_a_consolidated_segment_and_one_that_would_not_fit(store_di
 
 
 def test_summaries_are_asked_for_in_the_conversations_language(store_dir):
-    from mfs_nb.segments import conversation_language
+    from mfs_nb.layers.segments import conversation_language
 
     zh = Session("zh", store=store_dir, window_tokens=32000, llm=FakeLLM(default=REPLY))
     for i in range(6):
@@ -132,8 +132,8 @@ def test_summaries_are_asked_for_in_the_conversations_language(store_dir):
 
 
 def test_offline_summary_of_a_chinese_conversation_stays_chinese():
-    from mfs_nb.offline import offline_reply
-    from mfs_nb.segments import instruction
+    from mfs_nb.layers.segments import instruction
+    from mfs_nb.models.offline import offline_reply
 
     messages = [{"role": "user" if i % 2 == 0 else "assistant",
                  "content": f"第{i}步：连接池的上限是{20 + i}，配置文件在 deploy/pool_{i}.yaml，请不要超过这个数字。"}

@@ -11,7 +11,7 @@ import pytest
 from fake_provider import FakeProvider
 
 from mfs_nb import Session
-from mfs_nb.prompt_cache import CacheHints, choose, family, mark
+from mfs_nb.models.prompt_cache import CacheHints, choose, family, mark
 
 CLAUDE = "anthropic/claude-sonnet-4-5"
 
@@ -184,7 +184,7 @@ def test_a_compaction_moves_only_the_marks_after_the_block(claude, tmp_path):
 
 
 def test_the_bill_prices_each_call_from_the_cost_map_with_cache_rates_and_the_summarizer_apart(claude, tmp_path):
-    from mfs_nb.cost import describe, price
+    from mfs_nb.models.cost import describe, price
 
     rates = price(CLAUDE)
     assert rates is not None and rates["write"] > rates["input"] > rates["read"] > 0  # Anthropic's three rates
@@ -209,7 +209,7 @@ def test_the_bill_prices_each_call_from_the_cost_map_with_cache_rates_and_the_su
 
 
 def test_a_model_the_cost_map_does_not_know_is_price_unknown_never_zero(tmp_path):
-    from mfs_nb.cost import describe, session_cost
+    from mfs_nb.models.cost import describe, session_cost
 
     bill = session_cost([{"prompt_tokens": 900, "cache_read": 0, "cache_write": 0, "completion_tokens": 20,
                           "model": "openai/my-own-model"}], [], "openai/my-own-model")
@@ -230,7 +230,7 @@ def test_mfs_cost_prints_the_bill(ip, capsys):
 
 def test_gates_in_money_use_the_price_ratio_where_it_is_known(claude, tmp_path):
     """A cache miss costs (write − read) per token once; a freed token saves a read on every later call."""
-    from mfs_nb.cost import miss_weight, price
+    from mfs_nb.models.cost import miss_weight, price
 
     rates = price(CLAUDE)
     assert miss_weight(CLAUDE) == pytest.approx((rates["write"] - rates["read"]) / rates["read"])  # 11.5

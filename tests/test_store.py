@@ -209,7 +209,7 @@ def test_the_quiet_fold_does_not_run_again_while_the_recall_index_is_catching_up
 
 
 def test_a_turn_that_starts_stops_the_quiet_fold_between_tables():
-    from mfs_nb.quiet import Quiet
+    from mfs_nb.store.quiet import Quiet
 
     seen: list[bool] = []
     started, release = threading.Event(), threading.Event()
@@ -241,7 +241,7 @@ def test_quiet_runs_asked_for_stop_at_reruns_or_when_the_work_asks_no_more_and_a
     merged), so a run asked for may ask once more; other writers to the store (another kernel,
     another session's index) could make every run find something rewritten, so at most RERUNS runs
     follow the first of a quiet stretch."""
-    from mfs_nb.quiet import RERUNS, Quiet
+    from mfs_nb.store.quiet import RERUNS, Quiet
 
     runs: list[float] = []
     q = Quiet(lambda stop: (runs.append(time.monotonic()), 0.2)[1], lambda: 0.3)  # always asks again
@@ -337,7 +337,7 @@ def test_a_session_on_object_storage_writes_nothing_locally(s3_endpoint, monkeyp
 
     from conftest import use_s3
 
-    from mfs_nb import snapshots
+    from mfs_nb.layers import snapshots
 
     use_s3(monkeypatch, s3_endpoint)
     work = tmp_path / "work"
@@ -434,7 +434,6 @@ def test_the_store_going_away_mid_turn_says_what_was_kept(monkeypatch, tmp_path)
 
 def test_messages_never_show_a_password_or_a_secret(monkeypatch):
     from mfs_nb.store import shown_uri
-    from mfs_nb.store.connection import _store_problem
 
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wJalrXUtnFEMI-secret")
     uri = "s3://AKIAUSER:topsecretpw@bucket/prefix"
@@ -442,7 +441,9 @@ def test_messages_never_show_a_password_or_a_secret(monkeypatch):
     assert shown_uri("abfss://container@account.dfs.core.windows.net/p") == "abfss://container@account.dfs.core.windows.net/p"
     exc = ValueError("request to https://AKIAUSER:topsecretpw@bucket.s3/x?X-Amz-Signature=abc123&sig=def456 failed "
                      "with key wJalrXUtnFEMI-secret")
-    line = _store_problem(uri, "events", exc)
+    from mfs_nb.store.connection import store_problem
+
+    line = store_problem(uri, "events", exc)
     assert "\n" not in line and "s3://bucket/prefix" in line
     for secret in ("topsecretpw", "abc123", "def456", "wJalrXUtnFEMI-secret"):
         assert secret not in line
@@ -527,7 +528,7 @@ def test_vectors_are_stored_as_float16_and_an_older_float32_table_keeps_working(
 
     # an older store: the same tables made in float32 before this change
     old = pa.schema([(f.name, pa.list_(pa.float32(), 4) if f.name == "vector" else f.type)
-                     for f in st._recall_vectors_schema("old/4d", 4)],
+                     for f in st.recall_vectors_schema("old/4d", 4)],
                     metadata={"embedding_model": "old/4d", "dim": "4"})
     s._table(st.recall_vectors_name("old/4d"), old)
     s.index_vectors("old/4d", rows)
@@ -563,7 +564,7 @@ def test_the_log_folds_beside_the_writes_so_an_append_never_waits_for_it(tmp_pat
     fold held mid-way, the appends after it go on and return; once it ends, the table is folded and the
     log holds every event once, in order."""
     from mfs_nb.store import core
-    from mfs_nb.store.salvage import _layout
+    from mfs_nb.store.salvage import layout as table_layout
 
     monkeypatch.setattr(core, "_OPTIMIZE_EVERY", 5)
     store = Store(str(tmp_path / "s"))
@@ -595,8 +596,8 @@ def test_the_log_folds_beside_the_writes_so_an_append_never_waits_for_it(tmp_pat
     for uid in range(6, 21):  # while it is held, the writes go on (inline, the first of them would wait 30 s)
         store.append_events([event(uid)], writer="w1")
     assert store._folder is not None and store._folder.is_alive(), "the appends did not wait for the fold"
-    before = _layout(real_open("events"), None)["fragments"]
+    before = table_layout(real_open("events"), None)["fragments"]
     release.set()
     assert store.settle(30)
-    assert _layout(real_open("events"), None)["fragments"] < before
+    assert table_layout(real_open("events"), None)["fragments"] < before
     assert [e.uid for e in store.load_events("s")] == list(range(1, 21))

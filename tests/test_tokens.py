@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mfs_nb import estimate_tokens
-from mfs_nb.tokens import exact_counter
+from mfs_nb.window.tokens import exact_counter
 
 
 @pytest.mark.parametrize("text", ["", "\ud800\udfff\ud800", "\x00\x01\x1b[31m", "🙂" * 100, "abc 中文 ١٢٣ Ωμέγα",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mfs_nb import track
+from mfs_nb.layers import track
 
 
 class Meaningful:
@@ -55,7 +55,7 @@ def _demo_session(store_dir):
     import pathlib
 
     from mfs_nb import Session
-    from mfs_nb.demo import SCRIPT, incident_review
+    from mfs_nb.commands.demo import SCRIPT, incident_review
 
     doc = pathlib.Path(store_dir).parent / "review.md"
     doc.parent.mkdir(parents=True, exist_ok=True)
@@ -68,7 +68,7 @@ def _demo_session(store_dir):
 def test_one_token_number_across_a_compaction(store_dir):
     from mfs_nb.ui.context import ContextView
     from mfs_nb.ui.data import context_data, status_data
-    from mfs_nb.usage import human, human_pair
+    from mfs_nb.window.usage import human, human_pair
 
     s, replies = _demo_session(store_dir)
     before = s.usage()
@@ -171,7 +171,7 @@ def test_recall_html_breaks_lines_between_words(store_dir):
 def test_cli_progress_line_only_on_a_terminal():
     import io
 
-    from mfs_nb.cli import Progress
+    from mfs_nb.commands.cli import Progress
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
@@ -188,7 +188,7 @@ def test_cli_progress_line_only_on_a_terminal():
 
 
 def test_fact_scan_of_long_lines_in_windows_agrees_with_one_scan():
-    from mfs_nb import facts
+    from mfs_nb.layers import facts
 
     def one_scan(line: str):
         for kind, pattern in ((facts.ERROR, facts._ERROR), (facts.COMMAND, facts._COMMAND),

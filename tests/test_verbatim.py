@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 from conftest import FakeLLM
 
-from mfs_nb import Session, embed, origin, snapshots, track
+from mfs_nb import Session
 from mfs_nb.errors import InputError
-from mfs_nb.origin import DOCUMENT, OWN, QUOTE, QUOTE_NOTE
-from mfs_nb.tokens import estimate_tokens
+from mfs_nb.layers import origin, snapshots, track
+from mfs_nb.layers.origin import DOCUMENT, OWN, QUOTE, QUOTE_NOTE
+from mfs_nb.models import embed
+from mfs_nb.window.tokens import estimate_tokens
 
 REPLY = ("The connection pool is exhausted because each request opens a new client. Reuse one client per "
          "worker and set pool_size=30 in config/db.yaml; with 8 workers that stays under the server's "

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mfs_nb.events import Event
-from mfs_nb.view import MISSING_RESULT, pair_tool_messages, project
+from mfs_nb.layers.view import MISSING_RESULT, pair_tool_messages, project
 
 
 def ev(uid, role, content="x", calls=(), call_id="", name=""):
@@ -84,8 +84,8 @@ def test_pairing_invariant_holds_for_any_history(events):
 @settings(max_examples=300, deadline=None)
 @given(histories(), st.integers(0, 45), st.integers(0, 45), st.integers(0, 300))
 def test_incremental_projection_equals_a_full_one(events, clear_before, prune_before, trim):
-    from mfs_nb.clearing import Clearing
-    from mfs_nb.view import RawCache
+    from mfs_nb.layers.clearing import Clearing
+    from mfs_nb.layers.view import RawCache
 
     events = [Event(e.uid, e.session, e.turn, e.role, e.content, tool_calls=e.tool_calls, tool_call_id=e.tool_call_id,
                     turn_start=e.role == "user" or (i > 0 and e.role == "assistant" and events[i - 1].role == "tool"))

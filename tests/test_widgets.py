@@ -8,7 +8,7 @@ from pathlib import Path
 from conftest import FakeLLM, tool_call
 
 from mfs_nb import Session
-from mfs_nb.tools import Tool
+from mfs_nb.recall.tools import Tool
 from mfs_nb.ui.context import ContextView
 from mfs_nb.ui.data import context_data, ledger_data, recall_data, status_data
 from mfs_nb.ui.ledger import LedgerView
@@ -74,7 +74,7 @@ def test_context_view_layers_tools_and_escaping(store_dir):
 
 
 def test_context_view_marks_coverage_gaps(store_dir):
-    from mfs_nb.segments import build
+    from mfs_nb.layers.segments import build
 
     s = session_with_everything(store_dir)
     assert context_data(s)["gaps"] == []

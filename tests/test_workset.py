@@ -8,10 +8,10 @@ from conftest import FakeLLM, tool_call
 
 from mfs_nb import Session
 from mfs_nb.events import Event
-from mfs_nb.facts import tool_digest
-from mfs_nb.segments import compressor_messages, fact_list, topic_keywords
-from mfs_nb.tools import Tool
-from mfs_nb.workset import budget, error_lines, exit_status, lines_of
+from mfs_nb.layers.facts import tool_digest
+from mfs_nb.layers.segments import compressor_messages, fact_list, topic_keywords
+from mfs_nb.layers.workset import budget, error_lines, exit_status, lines_of
+from mfs_nb.recall.tools import Tool
 
 
 def call(uid: int, name: str, args: dict, cid: str) -> Event:
@@ -187,8 +187,8 @@ def test_the_offline_defaults_notice_is_not_something_the_assistant_said(store_d
 def test_when_room_is_short_the_line_least_recently_and_least_often_used_goes_first():
     """Issue 67: within a kind the fact track ranks by recency and reuse (`workset.rank`), never by
     the order lines were met; errors still come before paths."""
-    from mfs_nb.facts import ERROR, PATH
-    from mfs_nb.workset import Line, budget, rank
+    from mfs_nb.layers.facts import ERROR, PATH
+    from mfs_nb.layers.workset import Line, budget, rank
 
     error = Line("errors", ERROR, "boom", "tool: RuntimeError: boom", (1,))
     edited_often = Line("files", PATH, "lib/a.ex", "tool: lib/a.ex — edited (Edit)", (2, 5, 9, 12))

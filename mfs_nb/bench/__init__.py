@@ -9,25 +9,25 @@ regenerated in place. A suite whose data is missing is skipped with a message. A
 
 from __future__ import annotations
 
+from . import budgetbench as budget
 from . import (
-    budget,
-    chatload,
-    clearing,
-    compaction,
-    consolidation,
-    cost,
-    frontier,
-    mcpbench,
-    notebook,
-    qa,
-    recall,
-    recall_speed,
-    sidebyside,
-    storebench,
-    tokens,
-    ux,
-    verbatim,
+          chatload,
+          compaction,
+          frontier,
+          mcpbench,
+          notebook,
+          qa,
+          recall_speed,
+          sidebyside,
+          storebench,
+          ux,
+          verbatim,
 )
+from . import clearingbench as clearing
+from . import consolidationbench as consolidation
+from . import costbench as cost
+from . import recallbench as recall
+from . import tokensbench as tokens
 
 SUITES = {tokens.NAME: tokens, clearing.NAME: clearing, compaction.NAME: compaction,
           consolidation.NAME: consolidation,

@@ -9,17 +9,17 @@ import re
 # --- tokens and words ------------------------------------------------------------------------
 
 
-def _words(text: str) -> frozenset[str]:
+def word_set(text: str) -> frozenset[str]:
     return frozenset(text.split())
 
 
-def _ascii_word(c: str) -> bool:
+def ascii_word(c: str) -> bool:
     return c.isascii() and (c.isalnum() or c == "_")
 
 
-_CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
+CJK = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 _TOKEN = re.compile(r"[A-Za-z][A-Za-z'’]*|[\u3400-\u4dbf\u4e00-\u9fff]|\d+")
-_STOP = _words("""a an the and or but if then else of to in on at by for with from as is are was were be been being
+STOP = word_set("""a an the and or but if then else of to in on at by for with from as is are was were be been being
 have has had do does did doing done not no yes it its it's this that these those there here what which who whom
 whose when where why how all any some each every more most other such than too very can could will would shall
 should may might must just also only about into over after before again once out up down off so you your yours we
@@ -27,10 +27,10 @@ our ours they them their i me my mine he him his she her hers let lets let's get
 even really yeah yep yup nope okay sure thanks thank hey hi oh wow great good nice much many though because while
 through during what's that's i'm you're we're they're i've you've don't didn't doesn't isn't aren't wasn't won't
 can't lol omg btw haha see web fri tues""")
-_CJK_STOP = frozenset("的了是在我你他她它们这那有和就都也吗呢吧啊哦嗯个一不很还要会说到着过没把被给让")
+CJK_STOP = frozenset("的了是在我你他她它们这那有和就都也吗呢吧啊哦嗯个一不很还要会说到着过没把被给让")
 
 
-def _stem(word: str) -> str:
+def stem_word(word: str) -> str:
     w = word.lower().replace("’", "'")
     for suffix in ("ing", "ed", "es", "s", "ly"):
         if w.endswith(suffix) and len(w) - len(suffix) >= 3:
@@ -38,7 +38,7 @@ def _stem(word: str) -> str:
     return w
 
 
-def _tokens(text: str) -> tuple[list[str], list[int], list[int]]:
+def tokenize(text: str) -> tuple[list[str], list[int], list[int]]:
     """Tokens, their start offsets and the line each stands on."""
     toks, starts, lines = [], [], []
     line, seen = 0, 0

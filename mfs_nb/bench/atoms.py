@@ -57,7 +57,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .atom_text import _CJK, _CJK_STOP, _STOP, _ascii_word, _stem, _tokens, _words, strip_markup
+from .atom_text import CJK, CJK_STOP, STOP, ascii_word, stem_word, strip_markup, tokenize, word_set
 
 KINDS = ("path", "command", "number", "error", "ident", "name")
 SOURCES = ("user", "assistant", "tool_call", "tool_content", "tool_result")
@@ -71,10 +71,10 @@ SPECIFIC = 0.5  # a context word beside more than this share of the facts (and m
 
 # --- extraction ------------------------------------------------------------------------------
 
-_EXTENSIONS = _words("""ex exs heex eex erl hrl py pyi ipynb js mjs cjs ts tsx jsx vue svelte json jsonl yaml yml toml
+_EXTENSIONS = word_set("""ex exs heex eex erl hrl py pyi ipynb js mjs cjs ts tsx jsx vue svelte json jsonl yaml yml toml
 ini cfg conf md rst txt csv tsv parquet sql sh bash zsh rs go java kt swift c h cc cpp hpp rb php html htm css scss lock
 log xml env tf lua r jl scala proto gradle pem png jpg jpeg svg pdf zip gz tar db sqlite""")
-_UNITS = _words("""% ‰ ms µs ns s sec secs second seconds min mins minute minutes h hr hrs hour hours day days week weeks
+_UNITS = word_set("""% ‰ ms µs ns s sec secs second seconds min mins minute minutes h hr hrs hour hours day days week weeks
 month months year years kb mb gb tb kib mib gib tib byte bytes k x px em rem km cm mm kg mg lb lbs mile miles ghz mhz
 fps rps qps token tokens row rows line lines char chars test tests failure failures error errors warning warnings
 file files user users request requests worker workers connection connections item items step steps point points
@@ -96,11 +96,11 @@ _SHELL_FENCE = re.compile(r"```(?:bash|sh|shell|console|zsh|terminal)[ \t]*\n(.*
 _PROMPT = re.compile(r"^[ \t]*\$[ \t]+(\S.*)$", re.M)
 _SUBCOMMAND = re.compile(r"\s*(?:&&|\|\||;|\|)\s*")
 _PROGRAM = re.compile(r"[a-z][\w.+-]*|\.{0,2}/[\w./-]+")
-_NOT_NAMES = _words("""The This That These Those There Then They Their What When Where Which While Who Why How Yes
+_NOT_NAMES = word_set("""The This That These Those There Then They Their What When Where Which While Who Why How Yes
 Yeah Hey Thanks Thank Sure Okay Hello Also And But Just Let Now Here Please Well Wow Great Good Nice Sounds Really
 Absolutely Monday Tuesday Wednesday Thursday Friday Saturday Sunday January February March April May June July
 August September October November December Today Tomorrow Yesterday""")
-_TRIVIAL = _words("cd echo true false sleep clear pwd exit set export source")
+_TRIVIAL = word_set("cd echo true false sleep clear pwd exit set export source")
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ def _numbers(text: str, bare: bool) -> Iterable[tuple[str, int, int]]:
     taken: list[tuple[int, int]] = []
     for pattern in (_CN_DATE, _ISO_DATE):
         for m in pattern.finditer(text):
-            if not (m.start() and _ascii_word(text[m.start() - 1])):
+            if not (m.start() and ascii_word(text[m.start() - 1])):
                 taken.append((m.start(), m.end()))
                 yield m.group(0), m.start(), m.end()
     for m in _NUMBER.finditer(text):
@@ -154,14 +154,14 @@ def _numbers(text: str, bare: bool) -> Iterable[tuple[str, int, int]]:
         if any(x <= a < y for x, y in taken):
             continue
         before = text[a - 1] if a else " "
-        if _ascii_word(before) or before in ".:/#-" or (b < len(text) and text[b] == ":" and text[b + 1:b + 2].isdigit()):
+        if ascii_word(before) or before in ".:/#-" or (b < len(text) and text[b] == ":" and text[b + 1:b + 2].isdigit()):
             continue  # part of a word, a version, a time, a path or an id
         currency = before if before in _CURRENCY else ""
         unit = ""
         rest = text[b:b + 24]
         word = re.match(r" ?([A-Za-z%‰µ]+)", rest)
         if word and word.group(1).lower() in _UNITS and not (b + word.end() < len(text)
-                                                             and _ascii_word(text[b + word.end()])):
+                                                             and ascii_word(text[b + word.end()])):
             unit = " " + word.group(1)
             b += word.end()
         else:
@@ -169,7 +169,7 @@ def _numbers(text: str, bare: bool) -> Iterable[tuple[str, int, int]]:
             if cn:
                 unit = cn.group(0)
                 b += cn.end()
-            elif b < len(text) and _ascii_word(text[b]):
+            elif b < len(text) and ascii_word(text[b]):
                 continue
         digits = sum(c.isdigit() for c in m.group(0))
         if currency or unit or (bare and digits >= 3):
@@ -216,8 +216,8 @@ def extract(text: str, source: str = "user", command: str | None = None) -> list
     for m in _ELIXIR_ERROR.finditer(text):
         add("error", m.group(1), m.start(), m.end())
     for m in _ERROR_TOKEN.finditer(text):
-        if not (m.start() and _ascii_word(text[m.start() - 1])) and not (
-                m.end() < len(text) and _ascii_word(text[m.end()])):
+        if not (m.start() and ascii_word(text[m.start() - 1])) and not (
+                m.end() < len(text) and ascii_word(text[m.end()])):
             add("error", m.group(0), m.start(), m.end())
     for m in _MODULE.finditer(text):
         add("ident", m.group(0), m.start(), m.end())
@@ -227,9 +227,9 @@ def extract(text: str, source: str = "user", command: str | None = None) -> list
         names: list[tuple[str, int, int]] = []
         for m in _CAPITAL.finditer(text):
             a, b, word = m.start(), m.end(), m.group(0)
-            if (a and _ascii_word(text[a - 1])) or (b < len(text) and _ascii_word(text[b])):
+            if (a and ascii_word(text[a - 1])) or (b < len(text) and ascii_word(text[b])):
                 continue
-            if word in _NOT_NAMES or word.lower() in _STOP or _line_start(text, a):
+            if word in _NOT_NAMES or word.lower() in STOP or _line_start(text, a):
                 continue
             if names and names[-1][2] + 1 == a and text[a - 1] in " -":  # "New York City"
                 names[-1] = (names[-1][0] + text[a - 1] + word, names[-1][1], b)
@@ -320,18 +320,18 @@ def _units(toks: Sequence[str], starts: Sequence[int], lines: Sequence[int], a: 
             continue
         t = toks[k]
         inside = skip[0] <= starts[k] < skip[1]
-        if _CJK.match(t):
+        if CJK.match(t):
             if prev_cjk is not None and not inside and starts[k] == starts[prev_cjk] + 1:
                 bigram = toks[prev_cjk] + t
-                if not (set(bigram) & _CJK_STOP) and bigram not in excluded:
+                if not (set(bigram) & CJK_STOP) and bigram not in excluded:
                     units.add(bigram)
             prev_cjk = None if inside else k
             continue
         prev_cjk = None
         if inside or not t[0].isalpha():
             continue
-        w = _stem(t)
-        if len(w) >= 3 and t.lower() not in _STOP and w not in _STOP and w not in excluded:
+        w = stem_word(t)
+        if len(w) >= 3 and t.lower() not in STOP and w not in STOP and w not in excluded:
             units.add(w)
     return units
 
@@ -341,12 +341,12 @@ def atom_words(spans: Iterable[str]) -> frozenset[str]:
     context, so that a list of atoms cannot supply its own context."""
     out: set[str] = set()
     for span in spans:
-        toks, starts, _ = _tokens(span)
+        toks, starts, _ = tokenize(span)
         for t in toks:
-            if t[0].isalpha() and not _CJK.match(t):
-                out.add(_stem(t))
+            if t[0].isalpha() and not CJK.match(t):
+                out.add(stem_word(t))
         for k in range(1, len(toks)):
-            if _CJK.match(toks[k]) and _CJK.match(toks[k - 1]) and starts[k] == starts[k - 1] + 1:
+            if CJK.match(toks[k]) and CJK.match(toks[k - 1]) and starts[k] == starts[k - 1] + 1:
                 out.add(toks[k - 1] + toks[k])
     return frozenset(out)
 
@@ -405,7 +405,7 @@ def fact_set(messages: Sequence[dict[str, Any]], upto: int | None = None) -> Fac
     for i, source, text, found in mentions:
         if not found:
             continue
-        toks, starts, lines = _tokens(text)
+        toks, starts, lines = tokenize(text)
         for atom, a, b in found:
             if atom not in keep:
                 continue
@@ -458,7 +458,7 @@ class Payload:
 
     def _set(self, text: str, facts: FactSet) -> None:
         self.flat = re.sub(r"[^\S\n]+", " ", re.sub(r"\s*\n\s*", "\n", text)).strip()
-        self.toks, self.starts, self.lines = _tokens(self.flat)
+        self.toks, self.starts, self.lines = tokenize(self.flat)
         self.facts = facts
 
     def _find(self, key: str) -> list[tuple[int, int]]:
@@ -469,8 +469,8 @@ class Payload:
             before = self.flat[at - 1] if at else " "
             after = self.flat[end] if end < len(self.flat) else " "
             after2 = self.flat[end + 1] if end + 1 < len(self.flat) else " "
-            ok_before = not (_ascii_word(before) or (key[0].isdigit() and before in ".,-$€£¥"))
-            ok_after = not (_ascii_word(after) or (after in ".,-" and _ascii_word(after2)))
+            ok_before = not (ascii_word(before) or (key[0].isdigit() and before in ".,-$€£¥"))
+            ok_after = not (ascii_word(after) or (after in ".,-" and ascii_word(after2)))
             if key[-1].isdigit() and after.isdigit():
                 ok_after = False
             if ok_before and ok_after:

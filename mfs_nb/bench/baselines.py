@@ -19,9 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..offline import extractive_summary
-from ..tokens import estimate_tokens, message_tokens
-from ..usage import ContextProfile
+from ..models.offline import extractive_summary
+from ..window.tokens import estimate_tokens, message_tokens
+from ..window.usage import ContextProfile
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 FULL_AT = 0.85  # share of the usable window at which the summarizing strategies act

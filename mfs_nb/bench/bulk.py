@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..index_rows import plain_rows, rows_for_events
+from ..recall.rows import plain_rows, rows_for_events
 from ..store import Store
 
 SHORT_EVENTS = 400  # LoCoMo turns, as the background indexer's row
@@ -50,7 +50,7 @@ def _index(store: Path) -> dict[str, float]:
 def _texts(store: Path) -> tuple[list[str], list[str]]:
     """The texts `mfs-nb index` embeds for a store's events: passages (each distinct text once) and the
     latent-term texts (the chunks)."""
-    from ..embed import MAX_CHARS
+    from ..models.embed import MAX_CHARS
 
     db = Store(store)
     passages: dict[str, None] = {}
@@ -82,7 +82,7 @@ def matmul_rate() -> float:
 
 def flops(passages: list[str], latent: list[str]) -> float:
     """The encoder's floating-point operations for these texts (see the module docstring)."""
-    from .. import e5_dense
+    from ..models import e5_dense
 
     model = e5_dense.shared()
     H, FF, N = model.H, model.FF, model.sparse_dim

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ..session import Session
-from .data import Data
-from .storebench import _bytes
+from .dataset import Data
+from .storebench import disk_bytes
 
 NAME = "chats"
 NEEDS = ("locomo",)
@@ -44,7 +44,7 @@ def breakdown(folder: Path) -> dict[str, float]:
     for table in folder.glob("*.lance"):
         part = next((name for name, prefixes in PARTS if table.name.startswith(prefixes)), None)
         if part is not None:
-            out[part] += _bytes(table) / 1e6
+            out[part] += disk_bytes(table) / 1e6
     return out
 
 
@@ -72,13 +72,13 @@ def measure(folder: Path, texts: list[str], chats: int, rest_limit_s: float = RE
                           "max_ms": 1000 * max(window), "rss_mb": rss_mb()})
     text = sum(len(e.content.encode("utf-8")) for e in s.events)
     end_mb = rss_mb()
-    busy = _bytes(folder)
+    busy = disk_bytes(folder)
     begun = time.monotonic()
     indexed = s.indexer.wait(rest_limit_s)
     while not s._quiet.settled() and time.monotonic() - begun < rest_limit_s:
         time.sleep(1.0)
     rest_s, at_rest = time.monotonic() - begun, indexed and s._quiet.settled()
-    size = _bytes(folder)
+    size = disk_bytes(folder)
     parts = breakdown(folder)
     vectors_done = s.store.recall_state(s.name, s.indexer.model().model_id)[0] if s.indexer.model() else 0
     first, last = statistics.median(times[:EVERY]), statistics.median(times[-EVERY:])

@@ -14,10 +14,10 @@ import statistics
 import time
 from typing import Any
 
-from ..replay import normalise, replay
-from ..segments import uncovered
+from ..commands.replay import normalise, replay
+from ..layers.segments import uncovered
 from . import atoms
-from .data import Data, to_openai
+from .dataset import Data, to_openai
 
 NAME = "compaction"
 NEEDS = ("locomo", "claude_code_sessions")

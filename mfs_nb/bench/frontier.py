@@ -28,12 +28,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import budget
-from ..replay import normalise, replay
-from ..tokens import message_tokens
-from ..usage import ContextProfile
-from . import atoms, baselines, cost, onestep
-from .data import Data, to_openai
+from ..commands.replay import normalise, replay
+from ..window import budget
+from ..window.tokens import message_tokens
+from ..window.usage import ContextProfile
+from . import atoms, baselines, onestep
+from . import costbench as cost
+from .dataset import Data, to_openai
 from .sidebyside import Counter, prefix_ratio
 
 NAME = "frontier"
@@ -262,7 +263,7 @@ def _payload_figure(messages: list[dict[str, Any]]) -> str | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    from ..clearing import HEADROOM
+    from ..layers.clearing import HEADROOM
     from ..settings import Settings
 
     fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .data import Data
+from .dataset import Data
 
 NAME = "mcp"
 NEEDS = ("claude_code_sessions",)

@@ -23,10 +23,10 @@ import statistics
 import tempfile
 from typing import Any
 
-from ..cells import CellRecord
-from ..replay import normalise, replay
-from ..tokens import message_tokens
-from .data import Data, to_openai
+from ..commands.replay import normalise, replay
+from ..layers.cells import CellRecord
+from ..window.tokens import message_tokens
+from .dataset import Data, to_openai
 
 NAME = "notebook"
 NEEDS = ("locomo", "claude_code_sessions")

@@ -31,12 +31,12 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import search as S
-from ..replay import normalise, replay
-from ..tokens import message_tokens
+from ..commands.replay import normalise, replay
+from ..recall import ranking as S
+from ..window.tokens import message_tokens
 from . import atoms, baselines
-from .atom_text import _STOP, _stem
-from .data import to_openai
+from .atom_text import STOP, stem_word
+from .dataset import to_openai
 
 WINDOW = 16_384  # the payload both sides are measured at
 PAGE = S.PAGE  # recall_search's default k: the hits one call returns (8 until 2026-12-05)
@@ -47,7 +47,7 @@ _WORD = re.compile(r"\w+")
 
 
 def _terms(text: str) -> list[str]:
-    return [_stem(w) for w in _WORD.findall(text.lower()) if w not in _STOP]
+    return [stem_word(w) for w in _WORD.findall(text.lower()) if w not in STOP]
 
 
 class BM25:

@@ -23,11 +23,11 @@ from collections import Counter as Bag
 from collections.abc import Callable
 from typing import Any
 
+from ..commands.replay import normalise, replay
 from ..errors import MfsError
-from ..replay import normalise, replay
-from ..tokens import message_tokens
+from ..window.tokens import message_tokens
 from . import baselines
-from .data import Data, to_openai
+from .dataset import Data, to_openai
 
 NAME = "qa"
 NEEDS = ("locomo",)
@@ -78,7 +78,7 @@ class Model:
     """A model behind mfs_nb's own LLM boundary (litellm, keys from the environment)."""
 
     def __init__(self, model: str, api_base: str = ""):
-        from ..llm import LLM, default_endpoints
+        from ..models.llm import LLM, default_endpoints
 
         self.name = model
         self.llm = LLM(default_endpoints(model, api_base, "", "")[0])
@@ -91,7 +91,7 @@ def answer(ask: Callable[..., Any], payload: list[dict[str, Any]], question: str
            tools: dict[str, Any] | None = None) -> dict[str, Any]:
     """Ask one question after `payload`; with `tools`, run the tool loop. Returns the answer, the
     prompt tokens of every call (provider usage when reported, else the estimate) and tool calls."""
-    from ..tools import call_tool
+    from ..recall.tools import call_tool
 
     messages = [*payload, {"role": "user", "content": ASK.format(question=question)}]
     schemas = [t.schema() for t in tools.values()] if tools else None

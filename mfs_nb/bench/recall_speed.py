@@ -3,7 +3,7 @@ with and without background indexing (see `recall` for the method)."""
 
 from __future__ import annotations
 
-from .recall import run_speed as run
+from .recallbench import run_speed as run
 
 NAME = "recall_speed"
 NEEDS = ("locomo",)

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from .. import __version__
-from .data import Data, find_data
+from ..settings import VERSION
+from .dataset import Data, find_data
 
 HEADER = (
     "# Benchmarks\n\n"
@@ -44,7 +44,7 @@ def commit() -> str:
 def machine() -> str:
     rev = commit()
     return (f"{platform.system()} {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"mfs_nb {__version__}" + (f" at {rev}" if rev else ""))
+            f"mfs_nb {VERSION}" + (f" at {rev}" if rev else ""))
 
 
 def run(names: list[str], data_dir: str | None, quick: bool, json_out: str | None, docs: Path | None,

@@ -18,11 +18,11 @@ import statistics
 import time
 from typing import Any
 
-from ..replay import normalise, replay
-from ..tokens import estimate_tokens, message_tokens
-from ..usage import ContextProfile
+from ..commands.replay import normalise, replay
+from ..window.tokens import estimate_tokens, message_tokens
+from ..window.usage import ContextProfile
 from . import atoms, baselines
-from .data import Data, to_openai
+from .dataset import Data, to_openai
 
 NAME = "baselines"
 NEEDS = ("locomo", "claude_code_sessions", "kdconv")

@@ -33,9 +33,9 @@ from typing import Any
 from ..events import Event, now_iso
 from ..session import Session
 from ..store import Store
-from ..store.salvage import _layout
-from .data import Data
-from .recall import _pct
+from ..store.salvage import layout
+from .dataset import Data
+from .recallbench import percentile
 
 NAME = "store"
 NEEDS = ("locomo",)
@@ -53,7 +53,7 @@ def _session(store: Store) -> Session:
                    model="mfs-offline/default", cell_log=False)
 
 
-def _bytes(place: Path | str) -> int:
+def disk_bytes(place: Path | str) -> int:
     if isinstance(place, Path):
         return sum(p.stat().st_size for p in place.rglob("*") if p.is_file())
     import boto3  # with moto: the loopback server's objects under the store's prefix
@@ -67,7 +67,7 @@ def _bytes(place: Path | str) -> int:
 
 
 def _events_layout(folder: Path | str) -> tuple[int, int]:
-    info = _layout(Store(folder)._events, None)
+    info = layout(Store(folder)._events, None)
     return info["versions"], info["fragments"]
 
 
@@ -201,15 +201,15 @@ def measure(root: Path | str, texts: list[str], n: int, turns: int = TURNS) -> d
         s.send_view()
         projections.append(time.perf_counter() - begun)
     versions, fragments = _events_layout(folder)
-    size = _bytes(folder)
+    size = disk_bytes(folder)
     started = time.perf_counter()
     Store(folder).maintain(keep_s=0.001)
     maintain_s = time.perf_counter() - started
     versions_after, fragments_after = _events_layout(folder)
-    size_after = _bytes(folder)
+    size_after = disk_bytes(folder)
     text_bytes = sum(len(e.content.encode("utf-8")) for e in s.events)
     return {"events": n, "import_ms_per_event": 1000 * import_s / n,
-            "write_p50_ms": 1000 * statistics.median(writes), "write_p95_ms": 1000 * _pct(writes, 0.95),
+            "write_p50_ms": 1000 * statistics.median(writes), "write_p95_ms": 1000 * percentile(writes, 0.95),
             "load_s": load_s, "recall50_ms": 1000 * statistics.median(recalls),
             "read50_ms": 1000 * statistics.median(reads), "projection_ms": 1000 * statistics.median(projections),
             "mb": size / 1e6, "mb_after": size_after / 1e6, "text_mb": text_bytes / 1e6,

@@ -56,7 +56,7 @@ print(json.dumps({"imports": t1 - t0, "session": t2 - t1, "events": len(s.events
 
 _COMPACT = r"""
 import json, pathlib, sys, time
-from mfs_nb.demo import SCRIPT, LOG_NAME, incident_review
+from mfs_nb.commands.demo import SCRIPT, LOG_NAME, incident_review
 from mfs_nb.session import Session
 folder = pathlib.Path(sys.argv[1]); folder.mkdir(parents=True, exist_ok=True)
 doc = folder / LOG_NAME
@@ -84,14 +84,14 @@ def _progress(text: str) -> None:
 
 
 def run(data: Any, quick: bool) -> dict[str, Any]:
-    from ..track import cache_dir, warm_gate
+    from ..layers.track import cache_dir, warm_gate
 
     repeats = 1 if quick else 3
     started = time.perf_counter()
     gate_s = 0.0
     if not quick:  # what the first use on a machine costs, once per embedder (not cached here)
-        from ..embed import load
-        from ..track import CachedEmbedder, gate
+        from ..layers.track import CachedEmbedder, gate
+        from ..models.embed import load
 
         _progress("the embedding gate, run uncached once…")
         inner = load("auto")

@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import origin, track
-from ..embed import E5Embedder
-from ..origin import DOCUMENT, OWN, QUOTE, QUOTE_NOTE
-from ..replay import normalise, replay
-from ..tokens import estimate_tokens
-from .data import Data
+from ..commands.replay import normalise, replay
+from ..layers import origin, track
+from ..layers.origin import DOCUMENT, OWN, QUOTE, QUOTE_NOTE
+from ..models.embed import E5Embedder
+from ..window.tokens import estimate_tokens
+from .dataset import Data
 
 NAME = "verbatim"
 NEEDS = ("locomo", "taubench_airline", "claude_code_sessions", "kdconv", "crosswoz")

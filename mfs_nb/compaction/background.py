@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..segments import Segment
+from ..layers.segments import Segment
 
 if TYPE_CHECKING:
     pass

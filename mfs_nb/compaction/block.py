@@ -7,10 +7,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .. import segments as seg
-from ..segments import Segment
-from ..tokens import estimate_tokens
-from ..usage import human
+from ..layers import segments as seg
+from ..layers.segments import Segment
+from ..window.tokens import estimate_tokens
+from ..window.usage import human
 from . import consolidation as con
 from . import terminal
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     pass
 
 from .making import SegmentMaking
-from .state import _consecutive
+from .state import consecutive
 
 
 class BlockWork(SegmentMaking):
@@ -111,7 +111,7 @@ class BlockWork(SegmentMaking):
             return "the compaction lock expired or was taken over before the commit"
         self.refresh()
         now = {x.id: x for x in self.segments}
-        if not _consecutive(self.segments, [i for i, x in enumerate(self.segments) if x.id in ids], ids):
+        if not consecutive(self.segments, [i for i, x in enumerate(self.segments) if x.id in ids], ids):
             return "the segments to merge are no longer in force"
         if any(now[x.id].covered_hash != x.covered_hash for x in members):
             return "a segment to merge changed since it was read"

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from .. import segments as seg
 from ..events import Event
+from ..layers import segments as seg
 
 
 def choose(raw: Sequence[Event], effective: int, keep: int, emergency: bool = False,

@@ -7,10 +7,10 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import lang
-from .. import segments as seg
 from ..events import Event
-from ..segments import Segment
-from ..usage import TIERS, human, human_pair, tier_label
+from ..layers import segments as seg
+from ..layers.segments import Segment
+from ..window.usage import TIERS, human, human_pair, tier_label
 from . import limits
 
 if TYPE_CHECKING:

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from ..segments import Segment, language_line
-from ..tokens import estimate_tokens
+from ..layers.segments import Segment, language_line
+from ..window.tokens import estimate_tokens
 
 CONSOLIDATE_AT = 0.8  # share of the block budget at which the oldest run is consolidated (the default tier)
 PAYBACK_MAX = 40.0  # calls a consolidation's cache miss may take to pay back

@@ -7,11 +7,11 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import segments as seg
 from ..errors import MfsError
 from ..events import Event
-from ..segments import Segment
-from ..usage import human
+from ..layers import segments as seg
+from ..layers.segments import Segment
+from ..window.usage import human
 from . import consolidation as con
 from . import limits
 from .summary_check import validate_summary

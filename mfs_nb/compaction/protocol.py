@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..host import Host
-    from ..segments import Segment
+    from ..layers.segments import Segment
     from .lease import Lease
 
 

@@ -10,12 +10,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .. import budget
-from .. import segments as seg
 from ..events import Event, after
-from ..segments import Segment
-from ..tokens import estimate_tokens
-from ..workset import lines_of
+from ..layers import segments as seg
+from ..layers.segments import Segment
+from ..layers.workset import lines_of
+from ..window import budget
+from ..window.tokens import estimate_tokens
 from . import coldrange, limits
 from .breaker import Breaker
 from .lease import Lease, live_claims, owner_name
@@ -157,7 +157,7 @@ class CompactorState:
         if row.get("type") == "consolidate":
             named = list(row["segment_ids"])
             at = [i for i, x in enumerate(self.segments) if x.id in named]
-            if not _consecutive(self.segments, at, named):
+            if not consecutive(self.segments, at, named):
                 self.ignored.append(f"consolidation #{number} names segments that are not in force; not honoured")
                 return
             self.segments[at[0]:at[-1] + 1] = [Segment.from_json(row["segment"])]
@@ -305,7 +305,7 @@ def sent_tokens(view: Any, counts: Sequence[int]) -> dict[int, int]:
     return out
 
 
-def _consecutive(segments: Sequence[Segment], at: list[int], ids: list[int]) -> bool:
+def consecutive(segments: Sequence[Segment], at: list[int], ids: list[int]) -> bool:
     """Whether the segments at indices `at` are exactly `ids`, in order and side by side."""
     return bool(at) and [segments[i].id for i in at] == ids and at == list(range(at[0], at[0] + len(ids)))
 

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 
 from ..events import Event
-from ..tokens import estimate_tokens
+from ..window.tokens import estimate_tokens
 
 CAP_FACTOR = 2  # a summary may take up to twice its target before the excess is cut
 MIN_CHARS = 20

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .. import lang
-from ..segments import Segment
-from ..tokens import estimate_tokens
+from ..layers.segments import Segment
+from ..window.tokens import estimate_tokens
 
 SINK_LINE = 120  # characters each prose line keeps in the deterministic sink
 EVICT_CHECK = 0.9  # after an eviction the payload must be within this share of the window

@@ -65,7 +65,7 @@ class NotebookChoices:
                   if k not in session.overrides and getattr(session.settings, k) != v}
         if values:
             session.configure(**values)
-        from .tools import notebook_tools
+        from .kernel_tools import notebook_tools
 
         for tool in notebook_tools(self.shell):
             session.register_tool(tool)

@@ -33,7 +33,7 @@ class MfsCommands(NotebookChoices):
         print(self.mfs.__doc__)
 
     def _mfs_status(self, rest: list[str]) -> None:
-        from ..usage import SOURCE_LABELS
+        from ..window.usage import SOURCE_LABELS
 
         s = self.get_session()
         st = s.status()
@@ -45,7 +45,7 @@ class MfsCommands(NotebookChoices):
         print("settings: " + "; ".join(
             f"{k} {getattr(s.settings, k)!r} from {self.origin(k, s)}" for k in PERSON_KEYS
             if getattr(s.settings, k) or k == "model"))
-        from ..cost import budget_line
+        from ..models.cost import budget_line
 
         print(budget_line(s.settings.model, s.settings, u.effective, priced="litellm" in sys.modules))
         comp = s.compactor
@@ -59,7 +59,7 @@ class MfsCommands(NotebookChoices):
                   + (f"; long arguments before uid {state.prune_before} stubbed" if state.prune_before else ""))
         if comp.breaker_open:
             print(comp.breaker_line())
-        from ..index import backlog
+        from ..recall.indexer import backlog
 
         p = s.indexer.progress(load=False)
         meaning = (f"by meaning to uid {p['vectors_upto']} ({p['model']})" + backlog(p) if p["model"] else
@@ -70,7 +70,7 @@ class MfsCommands(NotebookChoices):
 
     def _mfs_doctor(self, rest: list[str]) -> None:
         """%mfs doctor [--repair]: check the store (tables, content hashes, missing uids)."""
-        from ..doctor import doctor
+        from ..store.doctor import doctor
 
         if bad := [w for w in rest if w != "--repair"]:
             raise InputError(f"%mfs doctor takes only --repair, not {bad[0]}; use %mfs doctor or %mfs doctor --repair")
@@ -274,7 +274,7 @@ class MfsCommands(NotebookChoices):
 
     def _mfs_gc(self, rest: list[str]) -> None:
         """Remove snapshots nothing references any more (after a 48 h grace); --dry-run only lists them."""
-        from .. import snapshots
+        from ..layers import snapshots
 
         if rest not in ([], ["--dry-run"]):
             raise InputError(f"%mfs gc: unexpected {' '.join(rest)!r}; use %mfs gc or %mfs gc --dry-run")
@@ -300,7 +300,7 @@ class MfsCommands(NotebookChoices):
         print(f"exported session {session.name!r} ({session.last_uid} events) to {path}")
 
     def _mfs_cost(self, rest: list[str]) -> None:
-        from ..cost import budget_line, describe
+        from ..models.cost import budget_line, describe
 
         session = self.get_session()
         print(f"session {session.name!r}, priced with litellm's cost map\n" + describe(session.cost()))

@@ -33,12 +33,12 @@ def show_preview(shell: Any, p: dict[str, Any]) -> None:
     if not has_frontend(shell):
         print(text)
         return
-    from ..ui.html import PANEL, PRE, _e
+    from ..ui.html import PANEL, PRE, escape
 
-    body = "".join(f"<div>{_e(line)}</div>" for line in lines)
+    body = "".join(f"<div>{escape(line)}</div>" for line in lines)
     if "segment_text" in p:
         body += (f"<details open><summary>the segment it would commit</summary><pre style='{PRE}'>"
-                 f"{_e(p['segment_text'])}</pre></details>")
+                 f"{escape(p['segment_text'])}</pre></details>")
     display(Rich(text, f"<div class='mfs-preview' style='{PANEL}'>{body}</div>"))
 
 

@@ -23,7 +23,7 @@ from traitlets import Int, TraitError, Unicode, observe, validate
 from traitlets.config import Configurable
 
 from ..errors import InputError, MfsError
-from ..search import PAGE
+from ..recall.ranking import PAGE
 from ..settings import Settings
 from .commands import MfsCommands
 from .display import Progress, Rich, Stream, has_frontend, show_preview
@@ -123,7 +123,7 @@ class MfsMagics(MfsCommands, Magics, Configurable):
         self._origin: dict[str, str] = {}  # where each of them came from, for %mfs status
         self._notebook_read = False
         self.warmup: Any = None  # set by %load_ext: the background warm-up (mfs_nb.warm)
-        self.cells: Any = None  # set by %load_ext: the cell log (mfs_nb.cells)
+        self.cells: Any = None  # set by %load_ext: the cell log (mfs_nb.layers.cells)
 
     # -- traitlets: validate before anything is applied ----------------------------------
     @validate("model")
@@ -131,7 +131,7 @@ class MfsMagics(MfsCommands, Magics, Configurable):
         value = proposal["value"].strip()
         if value:
             self._check(model=value)
-            from ..llm import unknown_model
+            from ..models.llm import unknown_model
 
             if why := unknown_model(value, self._person.get("api_base", "")):
                 raise TraitError(why)
@@ -214,7 +214,7 @@ class MfsMagics(MfsCommands, Magics, Configurable):
             session = self.get_session(args.session)
             if args.model:
                 session.configure(model=args.model, own=True)  # this session's own, over the notebook's
-            from ..llm import is_offline
+            from ..models.llm import is_offline
 
             if not is_offline(session.settings.model):
                 self._wait_for("model client")

@@ -57,7 +57,7 @@ class Warmup:
 
 def _store(_: Warmup) -> None:
     from .. import session, store  # noqa: F401
-    from ..tokens import exact_counter
+    from ..window.tokens import exact_counter
 
     store.lancedb_module()  # the import is what takes the time
     exact_counter("o200k_base")  # the offline default counts usage with it: load its table now
@@ -69,7 +69,7 @@ def _model_client(_: Warmup) -> None:
     its half-built HTTP clients deadlocked on the import lock (seen in `mfs-nb bench ux`). The
     offline default never needs it."""
 
-    from ..llm import is_offline, litellm_module
+    from ..models.llm import is_offline, litellm_module
     from ..settings import OFFLINE_MODEL
 
     if os.environ.get("MFS_WARM_MODEL_CLIENT") == "1" and not is_offline(os.environ.get("MFS_MODEL") or OFFLINE_MODEL):
@@ -78,7 +78,7 @@ def _model_client(_: Warmup) -> None:
 
 def _embedder(w: Warmup) -> None:
     if w.embedding_model != "off":
-        from ..track import warm_gate
+        from ..layers.track import warm_gate
 
         warm_gate(w.embedding_model)
 

@@ -10,39 +10,35 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from .. import budget, lang
+from .. import lang
 from ..compaction import Compactor
 from ..errors import ConfigError, StoreError
 from ..events import Event, Retries, clean_text, now_iso
-from ..index import Indexer
-from ..knowledge import (
-    KnowledgeSlot,
-)
-from ..llm import LLM, default_endpoints, is_offline, unknown_model
-from ..meter import Meter
-from ..quiet import Quiet
+from ..layers.knowledge import KnowledgeSlot
+from ..layers.track import VerbatimTrack
+from ..layers.view import RawCache
+from ..layers.workset import FactTrack
+from ..models.llm import LLM, default_endpoints, is_offline, unknown_model
+from ..recall.indexer import Indexer
+from ..recall.tools import SHORT_BELOW, Tool
 from ..settings import Settings
 from ..store import Store, UidConflict
-from ..tokens import message_tokens
-from ..tools import (
-    SHORT_BELOW,
-    Tool,
-)
-from ..track import VerbatimTrack
-from ..usage import ContextProfile
-from ..view import RawCache
-from ..workset import FactTrack
+from ..store.quiet import Quiet
+from ..window import budget
+from ..window.meter import Meter
+from ..window.tokens import message_tokens
+from ..window.usage import ContextProfile
 from .parts import (
-    _WRITE_ATTEMPTS,
     KNOWLEDGE_TOOLS,
     MAX_MESSAGE_SHARE,
     NOTEBOOK_TOOLS,
+    WRITE_ATTEMPTS,
     CallPlan,
     ChatModel,
-    _profile,
-    _text_tokens,
-    _window_for,
+    profile_for,
     system_prompt,
+    text_tokens,
+    window_for,
 )
 
 
@@ -153,8 +149,8 @@ class SessionBase:
         _check_models(self.settings.with_values(**values), values)  # may import litellm: not under the lock
         with self._lock:
             new = self.settings.with_values(**values)
-            window = _window_for(new)
-            self._check_overhead(_profile(window, new), new)
+            window = window_for(new)
+            self._check_overhead(profile_for(window, new), new)
             self.settings, self._window = new, window
             self._saved.update({k: getattr(new, k) for k in values})
             if own:
@@ -193,12 +189,12 @@ class SessionBase:
     def window(self) -> int:
         """The model's window: configured, else litellm's model map, else 128k."""
         if self._window is None:
-            self._window = _window_for(self.settings)
+            self._window = window_for(self.settings)
         return self._window
 
     def profile(self) -> ContextProfile:
         """Window and tier thresholds of this session."""
-        return _profile(self.window, self.settings)
+        return profile_for(self.window, self.settings)
 
     def plan(self) -> budget.Plan:
         """The window's one budget: every standing layer's ceiling, the raw tail's floor (`budget.plan`)."""
@@ -234,7 +230,7 @@ class SessionBase:
 
     def _tool_schema_tokens(self, settings: Settings | None = None, effective: int | None = None) -> int:
         schemas = self._tool_schemas(settings, effective)
-        return _text_tokens(json.dumps(schemas)) if schemas else 0
+        return text_tokens(json.dumps(schemas)) if schemas else 0
 
     # -- the log ---------------------------------------------------------------------------
     @property
@@ -260,7 +256,7 @@ class SessionBase:
             # so the cold range can be cut there without separating a call from its result
             if role == "assistant" and self._events and self._events[-1].role == "tool":
                 new_turn = True
-            for attempt in range(_WRITE_ATTEMPTS):
+            for attempt in range(WRITE_ATTEMPTS):
                 turn = self.turn + 1 if new_turn or not self._events else self.turn
                 event = Event(
                     uid=self.last_uid + 1, session=self.name, turn=turn, role=role, content=clean_text(content),
@@ -271,7 +267,7 @@ class SessionBase:
                 try:
                     self.store.append_events([event], self._writer)
                 except UidConflict:
-                    if attempt == _WRITE_ATTEMPTS - 1:
+                    if attempt == WRITE_ATTEMPTS - 1:
                         raise
                     # another kernel appended: take its events and the next uid, after a random pause that
                     # grows with the tries and with what a write costs here (ms locally, far more on S3)
@@ -289,7 +285,7 @@ class SessionBase:
         """The notebook cells run since the last chat (`cells.CellRecord`s) as one event: a tool result
         of the notebook, which S2 clears and S3 compacts like any other (failed cells go to the fact
         track). Nothing is written when `cell_log` is off or there are no records."""
-        from ..cells import NAME, event_text
+        from ..layers.cells import NAME, event_text
 
         if not records or not self.settings.cell_log:
             return None
@@ -342,7 +338,7 @@ class SessionBase:
         """What this session's calls cost, priced with litellm's local cost map (`cost.session_cost`):
         the chat's and the summarizer's apart, in dollars and tokens (input, read from the cache,
         written to it, output), and what the same calls would have cost with no cache."""
-        from ..cost import session_cost
+        from ..models.cost import session_cost
 
         self._flush_calls()
         calls = self.store.load_calls(self.name, 10**9)
@@ -356,7 +352,7 @@ class SessionBase:
         if (not (self.settings.prompt_cache and isinstance(self.llm, LLM)) or is_offline(self.settings.model)
                 or self.llm.no_cache):
             return None
-        from ..cost import miss_weight
+        from ..models.cost import miss_weight
 
         return miss_weight(self.settings.model)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .. import snapshots
 from ..errors import InputError
 from ..events import Event, replies_before
-from ..origin import (
+from ..layers import snapshots
+from ..layers.origin import (
     DOCUMENT,
     OWN,
     QUOTE,
@@ -21,7 +21,7 @@ from ..origin import (
     looks_like_document,
     split_quote,
 )
-from ..tokens import estimate_tokens
+from ..window.tokens import estimate_tokens
 from .parts import MAX_MESSAGE_SHARE
 from .planner import CallPlanner
 

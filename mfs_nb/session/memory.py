@@ -11,14 +11,9 @@ from typing import Any
 from .. import lang
 from ..errors import InputError
 from ..events import Event, now_iso
-from ..search import METHODS as SEARCH_METHODS
-from ..search import PAGE, Results, uid_bounds
-from ..tools import (
-    format_events,
-    format_hits,
-    memory_result_chars,
-    parse_range,
-)
+from ..recall.ranking import METHODS as SEARCH_METHODS
+from ..recall.ranking import PAGE, Results, uid_bounds
+from ..recall.tools import format_events, format_hits, memory_result_chars, parse_range
 from .intake import Intake
 from .parts import QUIET_KEEP_S
 
@@ -51,7 +46,7 @@ class Memory(Intake):
         """Write the whole session to a .md or .ipynb file readable without mfs_nb: every message
         with its uid, each segment where it was declared, the ledger. Refuses to overwrite unless
         asked; a bad path raises InputError with one line and writes nothing."""
-        from .. import export
+        from ..commands import export
 
         target = export.check_path(path, overwrite)
         with self._lock:

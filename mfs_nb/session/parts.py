@@ -12,25 +12,25 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Protocol
 
-from ..llm import Completion, is_offline, model_window
+from ..layers.view import SendView
+from ..models.llm import Completion, is_offline, model_window
 from ..settings import Settings
-from ..tokens import estimate_tokens
-from ..usage import ContextProfile, Usage
-from ..view import SendView
+from ..window.tokens import estimate_tokens
+from ..window.usage import ContextProfile, Usage
 
 DEFAULT_WINDOW = 128_000
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SESSION_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 
 
 def valid_session_name(name: Any) -> bool:
     """1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."""
-    return isinstance(name, str) and bool(_NAME.match(name))
+    return isinstance(name, str) and bool(SESSION_NAME.match(name))
 
 
 # A single message may take at most this share of the effective window; more cannot be sent.
 MAX_MESSAGE_SHARE = 0.5
 # Another kernel appending to the same session makes our uid stale; we reload and retry.
-_WRITE_ATTEMPTS = 20
+WRITE_ATTEMPTS = 20
 PTL_TRIES = 3
 HISTORY = 2_000  # calls kept for the ledger plot
 CALLS_BATCH = 20  # history rows written together; the rest at the interpreter's exit (a crash loses at most these)
@@ -71,12 +71,12 @@ class CallPlan:
     notices: list[str]
 
 
-def _profile(window: int, settings: Settings) -> ContextProfile:
+def profile_for(window: int, settings: Settings) -> ContextProfile:
     return ContextProfile(window, warn=settings.warn_at, compress=settings.compress_at,
                           hard=settings.hard_at)
 
 
-def _window_for(settings: Settings) -> int:
+def window_for(settings: Settings) -> int:
     if settings.window_tokens:
         return settings.window_tokens
     return (None if is_offline(settings.model) else model_window(settings.model)) or DEFAULT_WINDOW
@@ -88,12 +88,12 @@ def system_prompt(extra: str = "") -> str:
 
 
 @lru_cache(maxsize=8)
-def _text_tokens(text: str) -> int:
+def text_tokens(text: str) -> int:
     """`estimate_tokens`, remembered: the tool schemas are measured on every call and rarely change."""
     return estimate_tokens(text)
 
 
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()  # every open Session (its call rows are flushed at exit)
+LIVE: weakref.WeakSet[Any] = weakref.WeakSet()  # every open Session (its call rows are flushed at exit)
 
 
 _EXIT_HOOK: list[bool] = []
@@ -104,7 +104,7 @@ def flush_at_exit(wait_s: float = 1.0) -> None:
     fold of its log under way ended (up to `wait_s` each). Not from a garbage-collection finalizer (it
     can run inside a store write of the same thread and wait for its own lock); a store another thread
     holds for `wait_s` is left alone, so a background write never hangs the exit."""
-    for session in list(_LIVE):
+    for session in list(LIVE):
         try:
             # the background indexer stops, and a write of it under way ends, before LanceDB's runtime does
             # (a server that exits mid-backlog crashed in LanceDB's threads: one exit in three of `bench mcp --quick`)
@@ -115,7 +115,7 @@ def flush_at_exit(wait_s: float = 1.0) -> None:
             pass
 
 
-def _register_exit_flush() -> None:
+def register_exit_flush() -> None:
     """Once, after LanceDB is loaded: exit hooks run last-registered first, so this one writes while
     LanceDB's own runtime is still up (registered at import, it ran after it and crashed the exit)."""
     if not _EXIT_HOOK:

@@ -8,14 +8,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from .. import budget, clearing, lang
-from ..clearing import Clearing
+from .. import lang
 from ..errors import PromptTooLong
 from ..events import now_iso
-from ..llm import LLM, Completion
-from ..prompt_cache import fingerprint, hints_for
-from ..usage import TIERS, Usage, human, tier_label
-from ..view import SendView, drop_oldest_rounds
+from ..layers import clearing
+from ..layers.clearing import Clearing
+from ..layers.view import SendView, drop_oldest_rounds
+from ..models.llm import LLM, Completion
+from ..models.prompt_cache import fingerprint, hints_for
+from ..window import budget
+from ..window.usage import TIERS, Usage, human, tier_label
 from .parts import CALLS_BATCH, HISTORY, PTL_TRIES, CallPlan, shared_prefix_tokens
 from .projection import Projection
 
@@ -189,7 +191,7 @@ class CallPlanner(Projection):
         weight = self.miss_weight()
         if weight is None or miss <= 0:
             return lang.text("ahead_miss", self.language(), tokens=f"{miss:,}")
-        from ..cost import price
+        from ..models.cost import price
 
         rates = price(self.settings.model) or {"write": 0.0, "read": 0.0}
         dollars = miss * max(rates["write"] - rates["read"], 0.0)
@@ -260,7 +262,7 @@ class CallPlanner(Projection):
         the segment text, payload tokens before and after, and the tokens the next call would read
         again because the cached prefix ends where the segment goes. The summary is really made
         (one LLM call, in the ledger as a `preview` row); nothing is declared."""
-        from ..segments import build
+        from ..layers.segments import build
 
         self.check_writable()
         with self._lock:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import clearing, lang
-from ..clearing import Clearing
-from ..segments import Segment
-from ..tokens import message_tokens
-from ..usage import Usage
-from ..view import SendView, project
-from ..workset import FactTrack, fact_track
+from .. import lang
+from ..layers import clearing
+from ..layers.clearing import Clearing
+from ..layers.segments import Segment
+from ..layers.view import SendView, project
+from ..layers.workset import FactTrack, fact_track
+from ..window.tokens import message_tokens
+from ..window.usage import Usage
 from .base import SessionBase
 from .parts import shared_prefix_tokens
 

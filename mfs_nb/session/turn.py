@@ -12,13 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .. import offprocess
 from ..compaction import Compactor
 from ..errors import ConfigError, InputError, MfsError, StoreError
 from ..events import Event, Retries, now_iso
 from ..host import Host
-from ..index import Indexer
-from ..knowledge import (
+from ..layers.knowledge import (
     FORGET_DESCRIPTION,
     FORGET_SCHEMA,
     FORGET_SHORT,
@@ -27,14 +25,14 @@ from ..knowledge import (
     REMEMBER_SHORT,
     KnowledgeSlot,
 )
-from ..llm import LLM, Completion, missing_key
-from ..meter import Meter
-from ..quiet import Quiet
-from ..redaction import redact
-from ..settings import Settings, from_environment, warm_up_enabled
-from ..snapshots import read_document
-from ..store import Store
-from ..tools import (
+from ..layers.snapshots import read_document
+from ..layers.track import VerbatimTrack
+from ..layers.view import RawCache
+from ..layers.workset import FactTrack
+from ..models import offprocess
+from ..models.llm import LLM, Completion, missing_key
+from ..recall.indexer import Indexer
+from ..recall.tools import (
     RECALL_DESCRIPTION,
     RECALL_SCHEMA,
     RECALL_SHORT,
@@ -44,11 +42,13 @@ from ..tools import (
     Tool,
     call_tool,
 )
-from ..track import VerbatimTrack
-from ..view import RawCache
-from ..workset import FactTrack
+from ..redaction import redact
+from ..settings import Settings, from_environment, warm_up_enabled
+from ..store import Store
+from ..store.quiet import Quiet
+from ..window.meter import Meter
 from .memory import Memory
-from .parts import _LIVE, _NAME, HISTORY, CallPlan, ChatModel, Reply, _profile, _register_exit_flush
+from .parts import HISTORY, LIVE, SESSION_NAME, CallPlan, ChatModel, Reply, profile_for, register_exit_flush
 
 
 class Session(Memory):
@@ -57,7 +57,7 @@ class Session(Memory):
     def __init__(self, name: str = "default", store: str | Store | None = None, model: str | None = None,
                  window_tokens: int | None = None, *, llm: ChatModel | None = None, transient: Sequence[str] = (),
                  read_only: bool = False, **settings: Any):
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not SESSION_NAME.match(name):
             raise ConfigError(f"session name {name!r} is invalid: use 1-64 letters, digits, '.', '_' or '-'")
         self.name = name
         if isinstance(store, Store) and (store.read_only or not read_only):
@@ -91,8 +91,8 @@ class Session(Memory):
             self.store.append_calls(name, legacy, "legacy")
             self.history = legacy[-HISTORY:]
         self._calls_pending: list[dict[str, Any]] = []
-        _LIVE.add(self)  # what is left of the call rows is written when the interpreter exits
-        _register_exit_flush()
+        LIVE.add(self)  # what is left of the call rows is written when the interpreter exits
+        register_exit_flush()
         self._saved_state: str | None = None
         self._breaker: dict[str, Any] | None = (meta.get("anchor") or {}).get("breaker")
         # the highest uid this session ever saved state after: a log that ends below it lost rows
@@ -133,7 +133,7 @@ class Session(Memory):
         self.knowledge = KnowledgeSlot(sorted((r for r in ledger if r["kind"] == "knowledge"),
                                               key=lambda r: r["time"]))
         if self.settings.window_tokens:  # validated before anything is saved
-            self._check_overhead(_profile(self.settings.window_tokens, self.settings), self.settings)
+            self._check_overhead(profile_for(self.settings.window_tokens, self.settings), self.settings)
         if explicit or not meta:
             self._save_meta()
         # S2 boundaries are declared by clearing rows in the ledger; the newest one is in force.
@@ -153,7 +153,7 @@ class Session(Memory):
         self._fact_cache: tuple[Any, FactTrack | None] | None = None
         self._retries = Retries()
         if warm_up_enabled() and self._injected_llm is None:  # the embedding gate off the chat turns
-            from ..track import warm_gate_in_background
+            from ..layers.track import warm_gate_in_background
 
             warm_gate_in_background(self.settings.embedding_model)
 
@@ -306,7 +306,7 @@ class Session(Memory):
 
         The parent is recorded first; a fork interrupted before its segment (a failure, the user
         stopping the cell) is finished by the next `fork` to the same name from the same parent."""
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not SESSION_NAME.match(name):
             raise InputError(f"cannot fork to {name!r}: a session name is 1-64 letters, digits, '.', '_' or '-'")
         self.check_writable()
         with self._lock:
@@ -362,7 +362,7 @@ class Session(Memory):
         from ..store.copying import copy_session
 
         name = name or self.name
-        if not isinstance(name, str) or not _NAME.match(name):
+        if not isinstance(name, str) or not SESSION_NAME.match(name):
             raise InputError(f"cannot copy to {name!r}: a session name is 1-64 letters, digits, '.', '_' or '-'")
         target = store if isinstance(store, Store) else Store(store)
         with self._lock:
@@ -375,12 +375,12 @@ class Session(Memory):
     def _copy_verdicts(self, child: Session, upto: int) -> None:
         """The fork inherits how this session classified each user message (a pasted AI reply stays
         quoted); the ones not classified yet the fork classifies itself, as this session would."""
-        from ..track import _row
+        from ..layers.track import verdict_row
 
         models = {uid: d.get("model", "") for uid, d in self.store.load_verdicts(self.name).items()}
         verdicts = dict(self.verbatim.verdicts)  # the index thread may add to it meanwhile
         said = {e.uid: e.content for e in self._events if e.uid in verdicts}
-        rows = [_row(uid, v, models.get(uid, ""), said.get(uid)) for uid, v in verdicts.items() if uid <= upto]
+        rows = [verdict_row(uid, v, models.get(uid, ""), said.get(uid)) for uid, v in verdicts.items() if uid <= upto]
         if rows:
             child.store.save_verdicts(child.name, rows)
             for uid, v in verdicts.items():

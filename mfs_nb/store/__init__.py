@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from .connection import DEFAULT_STORE, lancedb_module, read_only_error, resolve_uri, shown_uri
 from .eventlog import EventLog, UidConflict
-from .recall import RecallTables
+from .recall_tables import RecallTables
+from .records import StateTables
 from .schemas import ANN_MIN_ROWS, EVENTS_SCHEMA, SESSIONS_SCHEMA, VECTOR_TYPE, vectors_table_name
-from .state import StateTables
 
 __all__ = ["ANN_MIN_ROWS", "DEFAULT_STORE", "EVENTS_SCHEMA", "SESSIONS_SCHEMA", "VECTOR_TYPE", "Store",
            "UidConflict", "lancedb_module", "read_only_error", "resolve_uri", "shown_uri", "vectors_table_name"]

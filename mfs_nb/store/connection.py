@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import StoreError
 
 DEFAULT_STORE = ".mfs"
-_REMOTE_KEEP_S = 3600.0  # object storage: old versions outlive any clock skew between machines
+REMOTE_KEEP_S = 3600.0  # object storage: old versions outlive any clock skew between machines
 
 _REST_CLIENT = "lance_namespace_urllib3_client"
 _import_lock = threading.Lock()
@@ -80,7 +80,7 @@ def shown_uri(uri: str) -> str:
     return re.sub(r"^([a-z][a-z0-9+.-]*://)[^/@:]*:[^/@]*@", r"\1", uri, flags=re.I)
 
 
-def _scrub(text: str) -> str:
+def scrub(text: str) -> str:
     for var in _SECRET_VARS:
         value = os.environ.get(var)
         if value and len(value) >= 4:
@@ -105,7 +105,7 @@ def read_only_error(exc: BaseException) -> bool:
 
 
 @contextmanager
-def _unwritable(uri: str, what: str) -> Iterator[None]:
+def unwritable(uri: str, what: str) -> Iterator[None]:
     """An OSError that says the store cannot be written becomes a `StoreError` with one line; any
     other error passes as it is."""
     try:
@@ -113,12 +113,12 @@ def _unwritable(uri: str, what: str) -> Iterator[None]:
     except OSError as exc:
         if not read_only_error(exc):
             raise
-        raise StoreError(_store_problem(uri, what, exc)) from exc
+        raise StoreError(store_problem(uri, what, exc)) from exc
 
 
-def _store_problem(uri: str, table: str, exc: BaseException) -> str:
+def store_problem(uri: str, table: str, exc: BaseException) -> str:
     """One line for a store that cannot be read or written, naming the store but never a secret."""
-    full = _scrub(" ".join(f"{exc} {exc.__cause__ or ''}".split()))
+    full = scrub(" ".join(f"{exc} {exc.__cause__ or ''}".split()))
     text = full[:200]
     uri = shown_uri(uri)
     where = f"table {table} of the store at {uri}" if table else f"the store at {uri}"
@@ -160,7 +160,7 @@ def _store_problem(uri: str, table: str, exc: BaseException) -> str:
 _CACHE_MB = {"index": 32, "metadata": 16}
 
 
-def _lance_session() -> Any:
+def lance_session() -> Any:
     return lancedb_module().Session(index_cache_size_bytes=_CACHE_MB["index"] << 20,
                                     metadata_cache_size_bytes=_CACHE_MB["metadata"] << 20)
 
@@ -174,7 +174,7 @@ def resolve_uri(store: str | os.PathLike[str] | None) -> str:
 
 
 
-def _table_names(db: Any) -> set[str]:
+def table_names(db: Any) -> set[str]:
     """Every table name (all pages; lancedb's table_names is deprecated and stops at 10)."""
     names: set[str] = set()
     token = None

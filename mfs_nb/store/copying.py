@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ..errors import InputError
-from .schemas import _quote
+from .schemas import quote
 
 if TYPE_CHECKING:
     from . import Store
@@ -28,7 +28,7 @@ def copy_session(source: Store, name: str, target: Store, new: str, writer: str)
     """Copy session `name` of `source` into `target` as `new`; returns {events, uids, rows, snapshots}.
     Refused, before anything is written, where `target` holds another conversation under `new` (or
     one that has gone on past the copy)."""
-    from ..snapshots import PATH_RE
+    from ..layers.snapshots import PATH_RE
 
     if target.read_only:
         raise InputError(f"cannot copy into {target.shown}: {target.read_only_line()}")
@@ -73,11 +73,11 @@ def copy_session(source: Store, name: str, target: Store, new: str, writer: str)
 
 def _rows(source: Store, table: str, name: str, new: str) -> pa.Table | None:
     """The rows of `table` that belong to `name`, renamed to `new` (keys start with the session's name)."""
-    from .connection import _table_names
+    from .connection import table_names
 
-    if table not in _table_names(source._db):
+    if table not in table_names(source._db):
         return None
-    found = source._db.open_table(table).search().where(f"session = {_quote(name)}").limit(None).to_arrow()
+    found = source._db.open_table(table).search().where(f"session = {quote(name)}").limit(None).to_arrow()
     if not found.num_rows:
         return None
     found = found.set_column(found.schema.get_field_index("session"), "session",
@@ -95,9 +95,9 @@ def _snapshot(source: Store, rel: str) -> bytes | None:
     if source.is_local:
         path = Path(source.uri) / rel
         return path.read_bytes() if path.is_file() else None
-    from .connection import _table_names
+    from .connection import table_names
 
-    if "files" not in _table_names(source._db):
+    if "files" not in table_names(source._db):
         return None
-    rows = source._db.open_table("files").search().where(f"path = {_quote(rel)}").limit(1).to_list()
+    rows = source._db.open_table("files").search().where(f"path = {quote(rel)}").limit(1).to_list()
     return bytes(rows[0]["data"]) if rows else None

@@ -15,29 +15,29 @@ import pyarrow as pa
 
 from ..errors import StoreError
 from .connection import (
-    _REMOTE_KEEP_S,
-    _lance_session,
-    _scrub,
-    _store_problem,
-    _table_names,
-    _unwritable,
+    REMOTE_KEEP_S,
+    lance_session,
     lancedb_module,
     resolve_uri,
+    scrub,
     shown_uri,
+    store_problem,
+    table_names,
+    unwritable,
 )
 from .files import TableFiles
-from .salvage import _layout
+from .salvage import layout
 from .schemas import (
-    _FIRST_COMMIT,
     COMPACTIONS_SCHEMA,
     EVENTS_SCHEMA,
     FILES_SCHEMA,
+    FIRST_COMMIT,
     LEASES_SCHEMA,
     LEDGER_SCHEMA,
     SESSIONS_SCHEMA,
     VERBATIM_SCHEMA,
-    _create,
-    _ensure_event_indexes,
+    create_table,
+    ensure_event_indexes,
 )
 
 # A table accumulates one fragment per write; compacting now and then keeps reads fast.
@@ -80,15 +80,15 @@ class StoreCore:
             lancedb = lancedb_module()
 
             # Every read sees the latest version, so another kernel's writes are never missed.
-            self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0), session=_lance_session())
+            self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0), session=lance_session())
             self._check_core_tables()
-            if self.read_only and not _table_names(self._db):
+            if self.read_only and not table_names(self._db):
                 raise StoreError(f"there is no mfs_nb store at {self.shown} to read (no tables there); "
                                  "a store opened read-only is never created")
             self._events = self._table("events", EVENTS_SCHEMA, stable_ids=True)
-            self._first_commit = (self._events.schema.metadata or {}).items() >= _FIRST_COMMIT.items()
+            self._first_commit = (self._events.schema.metadata or {}).items() >= FIRST_COMMIT.items()
             if not self.read_only:
-                _ensure_event_indexes(self._events)
+                ensure_event_indexes(self._events)
             self._sessions = self._table("sessions", SESSIONS_SCHEMA)
             self._ledger = self._table("ledger", LEDGER_SCHEMA)
             self._compactions = self._table("compactions", COMPACTIONS_SCHEMA)
@@ -99,7 +99,7 @@ class StoreCore:
         except StoreError:
             raise
         except Exception as exc:  # lancedb raises many types; the user needs one line
-            raise StoreError(_store_problem(self.uri, "", exc)) from exc
+            raise StoreError(store_problem(self.uri, "", exc)) from exc
         self._lock = threading.Lock()
         self._fold_lock = threading.Lock()  # one fold of a `_FOLD_BESIDE` table at a time (and not during `maintain`)
         self._folder: threading.Thread | None = None  # the fold running beside the turns, if any
@@ -125,25 +125,25 @@ class StoreCore:
     def files(self) -> Any:
         """Where snapshots go: a folder beside a local store's tables; on object storage a table of the
         store itself (one place for everything, nothing left on the machine that wrote it)."""
-        from ..snapshots import Folder
+        from ..layers.snapshots import Folder
 
         if not self.is_local:
-            return TableFiles(self)
+            return TableFiles(lambda: self._table("files", FILES_SCHEMA), self._lock, self._reading, self._writing)
         uri = self.uri
 
         class LocalFiles(Folder):
             """A folder whose writes on a read-only store say so in one line (`StoreError`)."""
 
             def touch(self, rel: str) -> None:
-                with store._writing("attachments folder"), _unwritable(uri, "attachments folder"):
+                with store._writing("attachments folder"), unwritable(uri, "attachments folder"):
                     super().touch(rel)
 
             def put(self, rel: str, data: bytes) -> None:
-                with store._writing("attachments folder"), _unwritable(uri, "attachments folder"):
+                with store._writing("attachments folder"), unwritable(uri, "attachments folder"):
                     super().put(rel, data)
 
             def remove(self, rel: str) -> None:
-                with store._writing("attachments folder"), _unwritable(uri, "attachments folder"):
+                with store._writing("attachments folder"), unwritable(uri, "attachments folder"):
                     super().remove(rel)
 
         store = self
@@ -173,7 +173,7 @@ class StoreCore:
     def _check_core_tables(self) -> None:
         """A store that has tables but lacks the events or sessions table is damaged: say so, naming
         the table, instead of creating it empty (which would restart uids at 1)."""
-        names = _table_names(self._db)
+        names = table_names(self._db)
         if not names:
             return
         for core in ("events", "sessions"):
@@ -198,7 +198,7 @@ class StoreCore:
                 raise StoreError(f"table {name} is not in the store at {self.shown}, which is read-only here, so it "
                                  "cannot be made; open the store writable once (a newer mfs_nb adds it)") from None
             try:
-                return _create(self._db, name, schema, stable_ids=stable_ids)
+                return create_table(self._db, name, schema, stable_ids=stable_ids)
             except Exception as exc:  # another kernel created it between our two calls (a commit conflict on S3)
                 for wait in (0.0, 0.1, 0.3, 1.0):  # ... whose first version may take a moment to be readable
                     time.sleep(wait)
@@ -207,7 +207,7 @@ class StoreCore:
                     except Exception:
                         continue
                 # it was not that: say why it could not be created (a read-only store)
-                raise StoreError(_store_problem(self.uri, name, exc)) from exc
+                raise StoreError(store_problem(self.uri, name, exc)) from exc
 
     @contextmanager
     def _writing(self, table: str) -> Iterator[None]:
@@ -226,7 +226,7 @@ class StoreCore:
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreError(_store_problem(self.uri, table, exc)) from exc
+            raise StoreError(store_problem(self.uri, table, exc)) from exc
 
     def _fold(self, table: Any, name: str) -> None:
         """Every _OPTIMIZE_EVERY writes of this Store to the table `name` (`_FOLD_OFTEN` for the small ones a
@@ -277,16 +277,16 @@ class StoreCore:
 
     def _keep(self, keep_s: float | None = None) -> timedelta:
         """How old a version must be for a fold to remove it: `keep_s`, and on object storage at least
-        `_REMOTE_KEEP_S` (machines' clocks may differ)."""
+        `REMOTE_KEEP_S` (machines' clocks may differ)."""
         keep_s = _FOLD_KEEP_S if keep_s is None else keep_s
-        return timedelta(seconds=keep_s if self.is_local else max(keep_s, _REMOTE_KEEP_S))
+        return timedelta(seconds=keep_s if self.is_local else max(keep_s, REMOTE_KEEP_S))
 
     # -- table maintenance (`%mfs optimize`) --------------------------------------------------
     def maintain(self, keep_s: float = 86_400.0, stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         """Compact every table's small fragments and remove versions older than `keep_s` seconds (a
         reader or writer still on an older version, and `mfs-nb doctor`'s salvage, need them no longer
         than that); on object storage, shared by machines whose clocks may differ, versions are kept
-        at least `_REMOTE_KEEP_S` (an hour) whatever `keep_s` says. Returns, per
+        at least `REMOTE_KEEP_S` (an hour) whatever `keep_s` says. Returns, per
         table, versions, fragments and bytes before and after; a table that fails is reported, the
         others go on. Nothing a session reads is changed: only how the tables are laid out. `stop()`
         true between two tables ends it there (`stopped` in the report)."""
@@ -294,19 +294,19 @@ class StoreCore:
             raise StoreError(self.read_only_line())
         started = time.monotonic()
         report: dict[str, Any] = {"tables": {}, "errors": {}, "stopped": False}
-        for name in sorted(_table_names(self._db)):
+        for name in sorted(table_names(self._db)):
             if stop is not None and stop():
                 report["stopped"] = True
                 break
             try:
                 table = self._db.open_table(name)
-                before = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
+                before = layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
                 with self._fold_lock, self._lock:
                     table.optimize(cleanup_older_than=self._keep(keep_s))
-                after = _layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
+                after = layout(table, Path(self.uri) / f"{name}.lance" if self.is_local else None)
                 report["tables"][name] = {"before": before, "after": after}
             except Exception as exc:  # maintenance is an optimisation; a failure loses nothing
-                report["errors"][name] = _scrub(" ".join(str(exc).split()))[:200]
+                report["errors"][name] = scrub(" ".join(str(exc).split()))[:200]
         for key in ("versions", "fragments", "bytes"):
             report[key] = [sum(t["before"][key] for t in report["tables"].values()),
                            sum(t["after"][key] for t in report["tables"].values())]

@@ -16,9 +16,9 @@ except ImportError:  # Windows: no cross-process lock; the after-write check sti
 
 from ..errors import StoreError
 from ..events import Event
-from .connection import _store_problem
+from .connection import store_problem
 from .core import StoreCore
-from .schemas import EVENTS_SCHEMA, _quote, _winner
+from .schemas import EVENTS_SCHEMA, quote, winner
 
 
 class UidConflict(StoreError):
@@ -51,12 +51,12 @@ class EventLog(StoreCore):
         `alone`: under the lock file, no other process can append between the look-up and the
         append. Without it (object storage, shared by machines), two writers can both append a key;
         each then reads the key again and keeps going only if its row is the one that counts
-        (`_winner`: the first committed), so exactly one of them is told its event is saved."""
+        (`winner`: the first committed), so exactly one of them is told its event is saved."""
         if not alone and not self._first_commit and self._events.count_rows():
             raise StoreError(f"the events table of the store at {self.shown} was made by an older mfs_nb, whose rows "
                              "cannot settle a race between two machines; it can be read but not written on object "
                              "storage: export its sessions (`%mfs export`) and go on in a new store")
-        keys = ", ".join(_quote(r["key"]) for r in rows)
+        keys = ", ".join(quote(r["key"]) for r in rows)
         with self._writing("events"):
             # alone, nobody committed since our own last append, and every uid is past those we wrote:
             # the keys cannot exist, and the look-up (most of a write's time) is skipped
@@ -92,7 +92,7 @@ class EventLog(StoreCore):
         return found
 
     def _winner(self, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-        return _winner(rows, self._first_commit)
+        return winner(rows, self._first_commit)
 
     @contextmanager
     def _exclusive(self) -> Iterator[bool]:
@@ -107,7 +107,7 @@ class EventLog(StoreCore):
         try:  # a read-only or unwritable store fails here, before anything is written
             fh = open(Path(self.uri) / ".events.lock", "a+b")  # noqa: SIM115 (closed by the with below)
         except OSError as exc:
-            raise StoreError(_store_problem(self.uri, "events", exc)) from exc
+            raise StoreError(store_problem(self.uri, "events", exc)) from exc
         with fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
@@ -118,7 +118,7 @@ class EventLog(StoreCore):
     def _check_own(self, rows: list[dict[str, Any]]) -> None:
         """Each key must now resolve to our row. Two writers that appended one key both read it again
         after their commits; the later committer sees the earlier one's row, and only one wins."""
-        stored = self._rows_under(", ".join(_quote(r["key"]) for r in rows))
+        stored = self._rows_under(", ".join(quote(r["key"]) for r in rows))
         for row in rows:
             have = self._winner(stored.get(row["key"], []))
             if have is None or have["writer"] != row["writer"] or have["sha256"] != row["sha256"]:
@@ -139,7 +139,7 @@ class EventLog(StoreCore):
 
     def load_events(self, session: str, uid_from: int | None = None, uid_to: int | None = None) -> list[Event]:
         """Events of a session in uid order, optionally within [uid_from, uid_to]."""
-        where = f"session = {_quote(session)}"
+        where = f"session = {quote(session)}"
         if uid_from is not None:
             where += f" AND uid >= {int(uid_from)}"
         if uid_to is not None:
@@ -147,7 +147,7 @@ class EventLog(StoreCore):
         try:
             table = self._events.search().where(where).limit(None).to_arrow() if self._events.count_rows() else None
         except Exception as exc:  # a damaged data file: one line that names the table and what to do
-            raise StoreError(_store_problem(self.uri, "events", exc)) from exc
+            raise StoreError(store_problem(self.uri, "events", exc)) from exc
         if table is None or not table.num_rows:
             return []
         columns = table.to_pydict()

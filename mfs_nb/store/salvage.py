@@ -7,11 +7,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from .connection import _table_names, lancedb_module, resolve_uri
-from .schemas import EVENTS_SCHEMA, _create
+from .connection import lancedb_module, resolve_uri, table_names
+from .schemas import EVENTS_SCHEMA, create_table
 
 
-def _layout(table: Any, folder: Path | None) -> dict[str, int]:
+def layout(table: Any, folder: Path | None) -> dict[str, int]:
     """Versions, fragments and bytes on disk (local stores) of one table."""
     stats = table.stats()
     size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder is not None else 0
@@ -26,7 +26,7 @@ def table_report(uri: str) -> dict[str, dict[str, Any]]:
 
     db = lancedb.connect(resolve_uri(uri))
     out: dict[str, dict[str, Any]] = {}
-    for name in sorted(_table_names(db)):
+    for name in sorted(table_names(db)):
         info: dict[str, Any] = {"ok": False, "rows": None, "versions": [], "error": ""}
         try:
             table = db.open_table(name)
@@ -67,9 +67,9 @@ def rewrite_events(uri: str, rows: list[dict[str, Any]]) -> None:
     lancedb = lancedb_module()
 
     db = lancedb.connect(resolve_uri(uri))
-    if "events" in _table_names(db):
+    if "events" in table_names(db):
         table = db.open_table("events")
         # the table's own schema, with its metadata: which row of two under a key counts stays the same
         table.add(pa.Table.from_pylist(rows, schema=table.schema), mode="overwrite")
     else:
-        _create(db, "events", EVENTS_SCHEMA, stable_ids=True, data=pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA))
+        create_table(db, "events", EVENTS_SCHEMA, stable_ids=True, data=pa.Table.from_pylist(rows, schema=EVENTS_SCHEMA))

@@ -102,7 +102,7 @@ VERBATIM_SCHEMA = pa.schema(
 VECTOR_TYPE = pa.float16()
 
 
-def _vectors_schema(model_id: str, dim: int) -> pa.Schema:
+def vectors_schema(model_id: str, dim: int) -> pa.Schema:
     """One vectors table per embedding model: its id is in the table's metadata, so two vector
     spaces never share a table."""
     return pa.schema([("key", pa.string()), ("session", pa.string()), ("uid", pa.int64()),
@@ -116,19 +116,19 @@ def vectors_table_name(model_id: str) -> str:
 
 # An events table created with stable row ids says so in its schema: there, of two rows under one key
 # the first committed wins (its row id is smaller, and stays so through compaction).
-_FIRST_COMMIT = {b"mfs.duplicate_key_winner": b"first_commit"}
+FIRST_COMMIT = {b"mfs.duplicate_key_winner": b"first_commit"}
 
 
-def _create(db: Any, name: str, schema: pa.Schema, *, stable_ids: bool = False, data: pa.Table | None = None) -> Any:
+def create_table(db: Any, name: str, schema: pa.Schema, *, stable_ids: bool = False, data: pa.Table | None = None) -> Any:
     """A new table; `stable_ids`: row ids in commit order that compaction keeps, said in the schema
-    (the events table: see `_winner`)."""
+    (the events table: see `winner`)."""
     if not stable_ids:
         return db.create_table(name, data=data, schema=schema)
-    return db.create_table(name, data=data, schema=schema.with_metadata(_FIRST_COMMIT),
+    return db.create_table(name, data=data, schema=schema.with_metadata(FIRST_COMMIT),
                            storage_options={"new_table_enable_stable_row_ids": "true"})
 
 
-def _winner(rows: list[dict[str, Any]], first_commit: bool = False) -> dict[str, Any] | None:
+def winner(rows: list[dict[str, Any]], first_commit: bool = False) -> dict[str, Any] | None:
     """The row that holds a key, the same for every reader at any time.
 
     Only a race between two writers without a shared lock (object storage) leaves two rows under one
@@ -144,7 +144,7 @@ def _winner(rows: list[dict[str, Any]], first_commit: bool = False) -> dict[str,
     return min(rows, key=lambda r: (r["created_at"], r["writer"]))
 
 
-def _quote(value: str) -> str:
+def quote(value: str) -> str:
     return "'" + value.replace("'", "''") + "'"
 
 RECALL_TEXT = "recall_text"
@@ -185,7 +185,7 @@ RECALL_STATE_SCHEMA = pa.schema(
 FILES_SCHEMA = pa.schema([("path", pa.string()), ("data", pa.large_binary()), ("size", pa.int64()),
                           ("mtime", pa.float64())])
 
-def _recall_vectors_schema(model_id: str, dim: int) -> pa.Schema:
+def recall_vectors_schema(model_id: str, dim: int) -> pa.Schema:
     return pa.schema([("key", pa.string()), ("session", pa.string()), ("kind", pa.string()), ("uid", pa.int64()),
                       ("uid_to", pa.int64()), ("turn", pa.int64()), ("role", pa.string()), ("chunk", pa.int64()),
                       ("vector", pa.list_(VECTOR_TYPE, dim))],
@@ -201,26 +201,26 @@ def recall_latent_name(model_id: str) -> str:
 
 
 # an embedder's sparse "latent terms" of each indexed row: feature ids and their weights, each weight
-# as a multiple of `scale` / _LATENT_STEPS (one byte instead of float16's two: 128 terms of a row are
+# as a multiple of `scale` / LATENT_STEPS (one byte instead of float16's two: 128 terms of a row are
 # then 128 bytes, not 256; a score moves by at most 0.4 % of the row's largest weight per shared term).
 # Tables an older mfs_nb made hold float16 weights and no `scale`, and are read and written as they are.
-_LATENT_STEPS = 127
+LATENT_STEPS = 127
 RECALL_LATENT_SCHEMA = pa.schema([("key", pa.string()), ("session", pa.string()), ("kind", pa.string()),
                                   ("uid", pa.int64()), ("uid_to", pa.int64()), ("turn", pa.int64()),
                                   ("role", pa.string()), ("chunk", pa.int64()), ("terms", pa.list_(pa.int32())),
                                   ("weights", pa.list_(pa.int8())), ("scale", pa.float32())])
 
 
-def _quantized(weights: list[float]) -> dict[str, Any]:
+def quantized(weights: list[float]) -> dict[str, Any]:
     """`weights` as whole steps of their largest magnitude (`RECALL_LATENT_SCHEMA`)."""
     finite = [float(w) if math.isfinite(float(w)) else 0.0 for w in weights]  # a NaN weighs nothing
     scale = max(map(abs, finite), default=0.0)
     if not scale:
         return {"weights": [0] * len(finite), "scale": 0.0}
-    return {"weights": [round(w / scale * _LATENT_STEPS) for w in finite], "scale": scale}
+    return {"weights": [round(w / scale * LATENT_STEPS) for w in finite], "scale": scale}
 
 
-def _create_index(table: Any, column: str, config: Any) -> None:
+def create_index(table: Any, column: str, config: Any) -> None:
     """Create an index unless it exists; when another writer (a kernel, a thread) creates one on the
     same table at the same moment, lance refuses the later commit: look again, and retry once."""
     for attempt in range(2):
@@ -235,7 +235,7 @@ def _create_index(table: Any, column: str, config: Any) -> None:
             table.checkout_latest()
 
 
-def _ensure_event_indexes(table: Any) -> None:
+def ensure_event_indexes(table: Any) -> None:
     """BTree indexes on the log's key, session and uid: a write looks its keys up, a load, a recall and
     a projection read one session's rows, without scanning the table. Created once (an old store's
     on its first open, in well under a second at 100k events); rows written since are folded in by
@@ -244,26 +244,26 @@ def _ensure_event_indexes(table: Any) -> None:
 
     for column in ("key", "session", "uid"):
         try:
-            _create_index(table, column, BTree())
+            create_index(table, column, BTree())
         except Exception:  # an index is an optimisation; reading works without it
             return
 
 
-def _ensure_scalar_indexes(table: Any) -> None:
+def ensure_scalar_indexes(table: Any) -> None:
     """BTree indexes on session and uid: filtered searches read only the matching rows."""
     from lancedb.index import BTree
 
     for column in ("session", "uid"):
-        _create_index(table, column, BTree())
+        create_index(table, column, BTree())
 
 
-def _ensure_text_indexes(table: Any) -> None:
+def ensure_text_indexes(table: Any) -> None:
     """Word index on `text` (English stemming), n-gram index on `cjk` (Chinese/Japanese/Korean),
     created with the empty table; rows written later are searched until `optimize` folds them in."""
     from lancedb.index import FTS
 
-    _create_index(table, "text", FTS(remove_stop_words=False))
-    _create_index(table, "cjk", FTS(base_tokenizer="ngram", ngram_min_length=2, ngram_max_length=3,
+    create_index(table, "text", FTS(remove_stop_words=False))
+    create_index(table, "cjk", FTS(base_tokenizer="ngram", ngram_min_length=2, ngram_max_length=3,
                                     stem=False, remove_stop_words=False, ascii_folding=False))
-    _ensure_scalar_indexes(table)
+    ensure_scalar_indexes(table)
 

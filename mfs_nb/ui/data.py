@@ -13,7 +13,7 @@ from typing import Any
 
 from ..compaction.consolidation import labels
 from ..events import Event
-from ..usage import SOURCE_LABELS, Usage, human, tier_label
+from ..window.usage import SOURCE_LABELS, Usage, human, tier_label
 
 TIER_COLOURS = {"ok": "#2e7d32", "warn": "#f9a825", "compress": "#ef6c00", "hard": "#c62828"}
 FOLD_CHARS = 2_000
@@ -59,7 +59,7 @@ def status_html(data: dict[str, Any]) -> str:
 # -- recall --------------------------------------------------------------------------------
 def event_data(event: Event, retried: Mapping[int, int] | None = None) -> dict[str, Any]:
     """One event for the recall viewer; `retried` marks the events of a turn that failed and was asked again."""
-    from ..tools import retry_mark
+    from ..recall.tools import retry_mark
 
     calls = [{"name": (c.get("function") or {}).get("name", ""), "arguments": (c.get("function") or {}).get("arguments", "")}
              for c in event.tool_calls]
@@ -71,7 +71,7 @@ def event_data(event: Event, retried: Mapping[int, int] | None = None) -> dict[s
 
 def recall_data(events: Sequence[Event], retried: Mapping[int, int] | None = None) -> dict[str, Any]:
     """The recall viewer's data: each event, and the plain-text form the model's tool also returns."""
-    from ..tools import format_events
+    from ..recall.tools import format_events
 
     return {"events": [event_data(e, retried) for e in events],
             "text": format_events(events, max_chars=10**12, retried=retried)}
@@ -110,7 +110,7 @@ def _label(kind: str, position: str | None) -> str:
 
 def context_data(session: Any) -> dict[str, Any]:
     """Layers of the current payload with their exact text, coverage gaps, and the tool trajectory."""
-    from ..segments import uncovered
+    from ..layers.segments import uncovered
 
     view = session.send_view()
     usage = session.usage(view)

@@ -8,7 +8,7 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from ..usage import human
+from ..window.usage import human
 
 KIND_COLOURS = {"system": "#90a4ae", "knowledge": "#8d6e63", "evicted": "#d7ccc8", "segment": "#7e57c2", "consolidated": "#4527a0",
                 "verbatim": "#26a69a", "facts": "#ffb74d", "raw": "#42a5f5", "dropped": "#ef9a9a",
@@ -21,7 +21,7 @@ CHART_MIN_CALLS = 10
 CHART_COLUMNS = 160
 
 
-def _e(value: Any) -> str:
+def escape(value: Any) -> str:
     return html.escape(str(value))
 
 
@@ -29,11 +29,11 @@ def scale_bar(parts: Sequence[tuple[str, int, str]], total: int, marks: Sequence
     """A bar drawn to the scale of `total` (the window): coloured parts, then thin marks at lines."""
     total = max(total, 1)
     spans = "".join(
-        f"<span class='mfs-bar-part' title='{_e(label)}' style='display:inline-block;height:16px;vertical-align:top;"
+        f"<span class='mfs-bar-part' title='{escape(label)}' style='display:inline-block;height:16px;vertical-align:top;"
         f"width:{min(100.0, 100 * tokens / total):.2f}%;background:{colour}'></span>"
         for label, tokens, colour in parts if tokens > 0)
     ticks = "".join(
-        f"<span title='{_e(label)}' style='position:absolute;top:-3px;height:22px;width:2px;background:#c62828;"
+        f"<span title='{escape(label)}' style='position:absolute;top:-3px;height:22px;width:2px;background:#c62828;"
         f"left:{min(99.8, 100 * at / total):.2f}%'></span>" for label, at in marks)
     return (f"<div style='position:relative;height:16px;width:100%;background:#eee;border-radius:3px;margin:6px 0;"
             f"white-space:nowrap;overflow:visible'>{spans}{ticks}</div>")
@@ -49,25 +49,25 @@ def context_html(d: dict[str, Any]) -> str:
     marks = [(f"compaction line: {human(lines['compress'])} tokens", lines["compress"])] if "compress" in lines else []
     legend = " ".join(
         f"<span style='white-space:nowrap'><span style='display:inline-block;width:10px;height:10px;"
-        f"background:{KIND_COLOURS.get(k, '#999')};margin-right:3px'></span>{_e(k)}</span>"
+        f"background:{KIND_COLOURS.get(k, '#999')};margin-right:3px'></span>{escape(k)}</span>"
         for k in dict.fromkeys(x["kind"] for x in layers))
     head = (f"<div><b>{usage['tokens']:,} tokens</b> of {usage['effective']:,} usable "
-            f"({_e(usage.get('percent') or format(usage['ratio'], '.0%'))} of the usable window; the model's window is "
-            f"{usage['window']:,}) · {_e(usage.get('tier_label') or usage['tier'])} · "
-            f"{_e(usage.get('source_label') or usage['source'])}"
+            f"({escape(usage.get('percent') or format(usage['ratio'], '.0%'))} of the usable window; the model's window is "
+            f"{usage['window']:,}) · {escape(usage.get('tier_label') or usage['tier'])} · "
+            f"{escape(usage.get('source_label') or usage['source'])}"
             + (f" · red line: compaction at {human(lines['compress'])}" if "compress" in lines else "") + "</div>")
     rows = "".join(
         f"<details class='mfs-layer' style='border-top:1px solid #eee'><summary style='cursor:pointer;font-family:monospace'>"
         f"<span style='display:inline-block;width:10px;height:10px;background:{KIND_COLOURS.get(x['kind'], '#999')};"
-        f"margin-right:6px'></span>{_e(x['label'])} · {_e(x['span'])} · {x['tokens']:,} tokens"
-        f"{' · degraded' if x['degraded'] else ''}</summary><pre style='{PRE}'>{_e(x['text'])}</pre></details>"
+        f"margin-right:6px'></span>{escape(x['label'])} · {escape(x['span'])} · {x['tokens']:,} tokens"
+        f"{' · degraded' if x['degraded'] else ''}</summary><pre style='{PRE}'>{escape(x['text'])}</pre></details>"
         for x in layers)
     gaps = (f"<div style='color:#c62828;font-weight:600'>coverage gap: {len(d['gaps'])} uid(s) neither raw nor in a "
-            f"segment: {_e(d['gaps'][:20])}</div>" if d["gaps"] else
+            f"segment: {escape(d['gaps'][:20])}</div>" if d["gaps"] else
             "<div style='color:#777'>coverage: every uid is raw, in a segment, or in a recorded evicted range</div>")
     tools = ""
     if d["tools"]:
-        items = "".join(f"<li>#{t['uid']} {_e(t['name'])} → {_e(t['state'])} ({t['chars']:,} chars)</li>"
+        items = "".join(f"<li>#{t['uid']} {escape(t['name'])} → {escape(t['state'])} ({t['chars']:,} chars)</li>"
                         for t in d["tools"])
         tools = (f"<details class='mfs-tools' style='margin-top:6px'{' open' if len(d['tools']) <= 10 else ''}>"
                  f"<summary style='cursor:pointer'>tool trajectory: {len(d['tools'])} call(s)</summary>"
@@ -133,7 +133,7 @@ def ledger_html(d: dict[str, Any]) -> str:
     """%mfs ledger: a one-line summary, the chart from CHART_MIN_CALLS calls on, and a table that
     scrolls inside its box: a few columns, the rest of each row folded into its last cell."""
     rows = d["rows"]
-    summary = f"<div>{_e(ledger_summary(d))}</div>"
+    summary = f"<div>{escape(ledger_summary(d))}</div>"
     chart = ""
     if len(d["series"]) >= CHART_MIN_CALLS:
         cached = any(p.get("cache_read") for p in d["series"])
@@ -147,14 +147,14 @@ def ledger_html(d: dict[str, Any]) -> str:
 
     cols = [c for c in LEDGER_DEFAULT if c in d["columns"]]
     cell = "border-bottom:1px solid #eee;padding:2px 6px;text-align:left;vertical-align:top;font-family:monospace"
-    head = "".join(f"<th style='{cell};background:#f3f3f3'>{_e(column_name(c))}</th>" for c in cols) + \
+    head = "".join(f"<th style='{cell};background:#f3f3f3'>{escape(column_name(c))}</th>" for c in cols) + \
         f"<th style='{cell};background:#f3f3f3'>details</th>"
     body = []
     for r in rows:
         more = ledger_phrase(r, cols)  # every other field, in words: wrapped in its cell, never cut off
-        body.append("<tr>" + "".join(f"<td style='{cell}'>{_e(cell_text(c, r.get(c)))}</td>" for c in cols)
+        body.append("<tr>" + "".join(f"<td style='{cell}'>{escape(cell_text(c, r.get(c)))}</td>" for c in cols)
                     + f"<td style='{cell};font-family:sans-serif;min-width:240px;white-space:normal;"
-                    f"overflow-wrap:anywhere'>{_e(more)}</td></tr>")
+                    f"overflow-wrap:anywhere'>{escape(more)}</td></tr>")
     table = (f"<div style='max-width:100%;overflow-x:auto;max-height:420px;overflow-y:auto'>"
              f"<table class='mfs-ledger' style='border-collapse:collapse;font-size:12px'><tr>{head}</tr>"
              f"{''.join(body)}</table></div>")

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from mfs_nb import Session  # noqa: E402
-from mfs_nb.llm import Completion  # noqa: E402
+from mfs_nb.models.llm import Completion  # noqa: E402
 
 
 class Model:
