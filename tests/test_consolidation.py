@@ -136,11 +136,11 @@ def _evicting(store_dir, raw_tokens: int):
 
 def test_eviction_goes_on_to_0_9_of_the_window_only_where_it_can_get_there(store_dir):
     c, rows = _evicting(store_dir + "/a", raw_tokens=2900)  # 3,825 after the block budget: over 0.9 × 4,096
-    gone = c.evict_if_needed(3300)
+    gone = c.block.evict_if_needed(3300)
     assert [x.id for x in gone] == [1, 2, 3, 4]  # 3 for the block budget, 1 more for the window check
     assert rows[-1]["kind"] == "eviction" and rows[-1]["within"] and rows[-1]["payload_after"] <= 0.9 * 4096
     c, rows = _evicting(store_dir + "/b", raw_tokens=3900)  # mostly raw: no map can bring it under
-    gone = c.evict_if_needed(3300)
+    gone = c.block.evict_if_needed(3300)
     assert [x.id for x in gone] == [1, 2, 3]  # only what the block budget needs; the check is logged as failed
     assert not rows[-1]["within"] and [x.id for x in c.segments] == [4, 5, 6]
     declared = [r for r in c.host.store.load_compactions("fake") if r["phase"] == "declared"]
@@ -174,7 +174,7 @@ def test_a_failed_merge_keeps_the_originals(store_dir):
     before = [(x.id, x.level) for x in s.compactor.segments]
     assert len(before) >= 3
     s._injected_llm.summary_text = ""  # an empty merged guide is rejected
-    assert s.compactor._merge([0, 1], s.usage().effective, "compress") is None
+    assert s.compactor.block.merge([0, 1], s.usage().effective, "compress") is None
     assert [(x.id, x.level) for x in s.compactor.segments] == before
     aborted = [r for r in s.store.load_compactions("fail") if r["phase"] == "aborted"]
     assert aborted and "rejected" in aborted[-1]["reason"]
@@ -231,11 +231,11 @@ def test_consolidation_racing_background_compaction_covers_every_uid_once(store_
         else:
             c = s.compactor
             c.compact(s.usage().tier if s.usage().tier != "ok" else "compress", "test-settle")
-            if c._acquire(0.0) is None:  # a forced settle, under the lock as in production
+            if c.state.acquire(0.0) is None:  # a forced settle, under the lock as in production
                 try:
-                    c.settle_block(s.usage().effective, rng.choice(["compress", "hard"]))
+                    c.block.settle_block(s.usage().effective, rng.choice(["compress", "hard"]))
                 finally:
-                    c._release()
+                    c.state.release()
         for k in kernels:
             assert _spans_are_a_partition(k.compactor) == "", f"step {step}"
             assert k.coverage()["lost"] == 0
@@ -244,7 +244,7 @@ def test_consolidation_racing_background_compaction_covers_every_uid_once(store_
             k.compactor.pending.done.wait(30)
             k.compact()
     for k in kernels:
-        k.compactor._load()
+        k.compactor.state.load()
         assert _spans_are_a_partition(k.compactor) == ""
     blocks = [[(x.id, x.level, x.uid_from, x.uid_to) for x in k.compactor.segments] for k in kernels]
     assert blocks[0] == blocks[1] and blocks[0], "both kernels see the same, non-empty block"

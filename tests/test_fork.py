@@ -74,13 +74,13 @@ def test_fork_through_the_magic_moves_chat_to_the_fork(ip, capsys):
 
 def test_fork_keeps_the_parents_classifications_and_an_interrupted_fork_is_finished_by_the_next(store_dir,
                                                                                                 monkeypatch):
-    from mfs_nb.compaction import Compactor
+    from mfs_nb.compaction.making import SegmentMaking
 
     parent = Session("q", store=store_dir, window_tokens=32000, llm=FakeLLM(default=REPLY), show_budget=False)
     parent.chat("AI said: use a pool of 40 connections and retry forever.\n---\nI doubt the 40", quote=True)
     parent.chat("my own note: the freeze ends on Friday")
     parent.compact()
-    real = Compactor.summarize
+    real = SegmentMaking.summarize
     calls = {"n": 0}
 
     def interrupted(self, *args, **kwargs):
@@ -89,7 +89,7 @@ def test_fork_keeps_the_parents_classifications_and_an_interrupted_fork_is_finis
             raise KeyboardInterrupt
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Compactor, "summarize", interrupted)
+    monkeypatch.setattr(SegmentMaking, "summarize", interrupted)
     with pytest.raises(KeyboardInterrupt):
         parent.fork("q2")
     child = parent.fork("q2")  # the same fork again finishes it

@@ -145,11 +145,11 @@ def test_optimize_folds_versions_and_fragments_and_loses_nothing(store_uri, tmp_
     assert "background compaction of this session is under way" in s.optimize(keep_s=0.001)[0]
     s.compactor.pending = None
     other = Session("opt", store=store_uri, llm=FakeLLM())
-    assert other.compactor._acquire(0.0) is None  # another kernel holds the compaction lock
+    assert other.compactor.state.acquire(0.0) is None  # another kernel holds the compaction lock
     try:
         assert "was not optimized" in s.optimize(keep_s=0.001)[0]
     finally:
-        other.compactor._release()
+        other.compactor.state.release()
 
 
 def test_a_quiet_moment_folds_the_store_then_removes_what_the_fold_replaced_and_loses_nothing(store_dir, monkeypatch):

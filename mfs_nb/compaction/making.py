@@ -17,24 +17,27 @@ from . import limits
 from .summary_check import validate_summary
 
 if TYPE_CHECKING:
-    pass
-
-from .state import CompactorState
+    from .state import CompactorState
 
 BREAKER_OPENED = (f"automatic LLM compaction stopped after {limits.BREAKER} failures in a row; history is kept with "
                   "zero-LLM segments. Fix the model, then %compact, or start over with %mfs new NAME")
 
 
-class SegmentMaking(CompactorState):
-    """The summarizer's side of the compactor."""
+class SegmentMaking:
+    """The summarizer's side of the compactor: it reads the segments in force and writes the protocol's
+    rows through `state`, and owns nothing else."""
+
+    def __init__(self, state: CompactorState):
+        self.state = state
+        self.host = state.host
 
     # -- making one segment ----------------------------------------------------------------
     def summarize(self, events: Sequence[Event], effective: int, focus: str = "",
                   earlier: str = "") -> tuple[str | None, dict[str, Any]]:
         """Ask the model for the prose guide; (None, info) on any failure or unusable output."""
-        target = self.target(events, effective)
+        target = self.state.target(events, effective)
         info: dict[str, Any] = {"target": target, "style": self.host.settings().summary_style, "llm_tokens": 0}
-        if self.breaker.open and not self.breaker.may_try(limits.BREAKER_COOLDOWN_S):
+        if self.state.breaker.open and not self.state.breaker.may_try(limits.BREAKER_COOLDOWN_S):
             info["error"] = "circuit breaker open: automatic LLM compaction is off for this session"
             return None, info
         shown = _newest_within(events, seg.INPUT_CHARS)
@@ -85,11 +88,11 @@ class SegmentMaking(CompactorState):
             pass
         prose, info = self.summarize(events, effective, focus, earlier)
         if prose is None and "circuit breaker open" not in str(info.get("error")):
-            info["breaker"] = self.breaker.failed()
+            info["breaker"] = self.state.breaker.failed()
         elif prose is not None:
-            self.breaker.succeeded()
-        segment = seg.build(seq, events, prose, self.plan(effective).block)
-        self.rows.complete(seq, segment, info, degraded=segment.degraded)
+            self.state.breaker.succeeded()
+        segment = seg.build(seq, events, prose, self.state.plan(effective).block)
+        self.state.rows.complete(seq, segment, info, degraded=segment.degraded)
         return segment, info
 
     def _summarizer_call(self, messages: list[dict[str, Any]]) -> Any:
@@ -108,24 +111,24 @@ class SegmentMaking(CompactorState):
         """Catch-up, once per session: at a compaction event, re-summarize the newest degraded
         segment still in the payload and replace it only if the LLM version is strictly shorter.
         A failed attempt counts toward the circuit breaker like any summarizer failure."""
-        degraded = [x for x in self.segments if x.degraded and x.level == 0]
-        if self.breaker.open or self.upgrade_done or not degraded:
+        degraded = [x for x in self.state.segments if x.degraded and x.level == 0]
+        if self.state.breaker.open or self.state.upgrade_done or not degraded:
             return None
         old = degraded[-1]
         events = [e for e in self.host.events() if old.uid_from <= e.uid <= old.uid_to]
         prose, info = self.summarize(events, effective)
         if prose is None:  # the breaker may open on this try: its one notice is said here, else never
-            return BREAKER_OPENED if self.breaker.failed() else None
-        self.breaker.succeeded()
-        new = seg.build(old.id, events, prose, self.plan(effective).block)
+            return BREAKER_OPENED if self.state.breaker.failed() else None
+        self.state.breaker.succeeded()
+        new = seg.build(old.id, events, prose, self.state.plan(effective).block)
         if new.tokens >= old.tokens or new.covered_hash != old.covered_hash:
             return None
-        self.upgrade_done = True
-        seq = self.next_seq()
-        self.rows.start(seq, trigger="upgrade", segment=old.id)
-        self.rows.declare(seq, {"type": "upgrade", "segment": new.to_json()})
-        self.rows.finish(seq)
-        self._honour({"type": "upgrade", "segment": new.to_json()})
+        self.state.upgrade_done = True
+        seq = self.state.next_seq()
+        self.state.rows.start(seq, trigger="upgrade", segment=old.id)
+        self.state.rows.declare(seq, {"type": "upgrade", "segment": new.to_json()})
+        self.state.rows.finish(seq)
+        self.state.honour({"type": "upgrade", "segment": new.to_json()})
         self.host.log("upgrade", segment=old.id, tokens_before=old.tokens, tokens_after=new.tokens,
                     llm_tokens=info.get("llm_tokens", 0))
         return f"segment #{old.id} upgraded from its zero-LLM form: {human(old.tokens)} → {human(new.tokens)} tokens"
@@ -151,26 +154,26 @@ class SegmentMaking(CompactorState):
             info["error"] = f"merged guide rejected: {why}"
         return prose, info
 
-    def _digest_instead(self, seq: int, summary: Segment, events: list[Event], effective: int, tier: str,
+    def digest_instead(self, seq: int, summary: Segment, events: list[Event], effective: int, tier: str,
                         reason: str, now: int, then: int) -> tuple[int, Segment, dict[str, Any]]:
         """The hard tier's answer to a summary that would not make the payload smaller (a model that
         ignored the target length): the summary's protocol number is aborted, and the zero-LLM digest
         of the same range is made under the next one (started → summary_completed → declared →
         finished, as any compaction). Returns (seq, digest, info) for the caller to check and commit."""
         s = self.host
-        self.rows.abort(seq, "not_smaller", tokens=[now, then], fallback="degraded")
+        self.state.rows.abort(seq, "not_smaller", tokens=[now, then], fallback="degraded")
         s.log("skip", tier=tier, reason="not_smaller", trigger=reason, tokens_before=now, tokens_after=then,
               uid_from=summary.uid_from, uid_to=summary.uid_to, fallback="degraded")
-        seq = self.next_seq()
-        self.rows.start(seq, trigger=reason, tier=tier, uid_from=events[0].uid, uid_to=events[-1].uid,
+        seq = self.state.next_seq()
+        self.state.rows.start(seq, trigger=reason, tier=tier, uid_from=events[0].uid, uid_to=events[-1].uid,
                         fallback="not_smaller")
-        digest = seg.build(seq, events, None, self.plan(effective).block)
+        digest = seg.build(seq, events, None, self.state.plan(effective).block)
         error = f"the summary would not make the payload smaller ({now} → {then} tokens)"
-        self.rows.complete(seq, digest, {"envelope": None, "error": error}, degraded=True)
+        self.state.rows.complete(seq, digest, {"envelope": None, "error": error}, degraded=True)
         return seq, digest, {"fallback": True, "error": error, "llm_tokens": 0}
 
     @staticmethod
-    def _fallback_note(digests: list[Segment], stuck: str | None, gone: list[Segment], within: bool) -> str:
+    def fallback_note(digests: list[Segment], stuck: str | None, gone: list[Segment], within: bool) -> str:
         """The one notice of a hard-tier compaction whose summary was not smaller: what was kept instead.
         `digests`: what was committed instead; `stuck`: None, or why a range stayed raw because even its
         digest was not smaller ("" after a summary that was not smaller, the summarizer's error after a failure)."""
@@ -191,7 +194,7 @@ class SegmentMaking(CompactorState):
             text += "; the context is still over the usable window, and nothing older is left to take out"
         return text
 
-    def _notes(self, segment: Segment, info: dict[str, Any], tier: str) -> list[str]:
+    def notes(self, segment: Segment, info: dict[str, Any], tier: str) -> list[str]:
         """Ledger rows and notices for a degraded segment and for the breaker opening (once)."""
         if not segment.degraded:
             return []
@@ -199,7 +202,7 @@ class SegmentMaking(CompactorState):
                     uid_to=segment.uid_to)
         if info.get("breaker"):
             return [BREAKER_OPENED]
-        if self.breaker.open:
+        if self.state.breaker.open:
             return []
         return [f"summarizer unavailable ({_short(info.get('error', ''))}); segment #{segment.id} keeps verbatim "
                 "heads, tails and fact lines instead"]

@@ -58,11 +58,11 @@ class CompactorState:
         self.lease = Lease(host.store, host.name, owner_name(host.writer))
         self.rows = ProtocolRows(host, self.lease)
         self.breaker = Breaker(host, limits.BREAKER)  # restored from the session's saved state
-        self._load()
+        self.load()
         self.recovered += self.ignored  # reported once, when the session opens
 
     # -- state from the store -------------------------------------------------------------
-    def _load(self, holding: bool = False) -> None:
+    def load(self, holding: bool = False) -> None:
         """Segments and evicted ranges from the declarations in the store (any kernel's), in seq
         order; unfinished compactions whose lease is dead are cleaned. `holding`: we hold the
         lease, so every other unfinished compaction is dead."""
@@ -79,7 +79,7 @@ class CompactorState:
             phases = by_seq[number]
             declared = phases.get("declared")
             if declared:
-                self._honour(declared, number)
+                self.honour(declared, number)
             started = phases.get("started")
             if started and not ({"finished", "aborted"} & phases.keys()) and number != mine \
                     and started.get("lease") not in live:
@@ -92,9 +92,9 @@ class CompactorState:
     def refresh(self) -> None:
         """Under the lease: what every kernel committed, and events other kernels appended."""
         self.host.catch_up()
-        self._load(holding=True)
+        self.load(holding=True)
 
-    def _acquire(self, wait_s: float) -> str | None:
+    def acquire(self, wait_s: float) -> str | None:
         """Take the lease (or keep ours); the reason when another kernel holds it."""
         if self.lease.held:
             if self.lease.valid():
@@ -106,7 +106,7 @@ class CompactorState:
         owners = sorted({v["owner"] for v in self.lease.holders().values()})
         return "another kernel is compacting this session" + (f" ({', '.join(owners)})" if owners else "")
 
-    def _release(self) -> None:
+    def release(self) -> None:
         if self.pending is None and self.lease.held:
             self.lease.release()
 
@@ -118,12 +118,12 @@ class CompactorState:
         if idle and (self.pending is not None or self.lease.held):
             yield "a background compaction of this session is under way"
             return
-        busy = self._acquire(wait_s)
+        busy = self.acquire(wait_s)
         try:
             yield busy
         finally:
             if busy is None:
-                self._release()
+                self.release()
 
     @contextmanager
     def trying(self, segment: Segment) -> Iterator[None]:
@@ -145,7 +145,7 @@ class CompactorState:
         with self._trial_lock:
             return [x for x in self.segments if not any(x is y for y in self.trials)]
 
-    def _honour(self, row: dict[str, Any], number: int = 0) -> None:
+    def honour(self, row: dict[str, Any], number: int = 0) -> None:
         if row.get("type") == "retract":
             # undo: only the newest segment, while it is still an L0 in force (checked when declared)
             if self.segments and self.segments[-1].id == row["segment_id"] and self.segments[-1].level == 0:
