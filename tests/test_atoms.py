@@ -9,21 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from mfs_nb.bench import atoms, baselines, sidebyside
+from mfs_nb.bench import atom_text, atoms, baselines, extraction, sidebyside
 
 
 def _keys(text: str, source: str = "user", command: str | None = None) -> set[tuple[str, str]]:
-    return {(a.kind, a.key) for a, _, _ in atoms.extract(text, source, command)}
+    return {(a.kind, a.key) for a, _, _ in extraction.extract(text, source, command)}
 
 
 def test_the_metric_imports_nothing_from_the_engine():
     imported = set()
-    for name in ("atoms.py", "atom_text.py"):  # the metric and its reading of text
+    for name in ("atoms.py", "extraction.py", "atom_text.py"):  # the metric, its extraction, its reading of text
         tree = ast.parse((Path(atoms.__file__).parent / name).read_text(encoding="utf-8"))
         imported |= {("." * n.level) + (n.module or "") for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert imported <= {"__future__", "bisect", "json", "re", "collections", "collections.abc", "dataclasses",
-                        "typing", ".atom_text"}, imported
+                        "typing", ".atom_text", ".extraction"}, imported
 
 
 def test_extractor_kinds():
@@ -46,7 +46,7 @@ def test_extractor_kinds():
 def test_commands_from_tool_call_arguments():
     call = {"function": {"name": "Bash", "arguments": json.dumps(
         {"command": "cd /srv && mix test test/pool_test.exs --trace | tail -5", "description": "run tests"})}}
-    text, carried, command = atoms.call_text(call)
+    text, carried, command = extraction.call_text(call)
     assert "\\" not in text and "{" not in text and not carried  # JSON keys and escapes gone
     found = _keys(text, "tool_call", command)
     assert ("command", "mix test test/pool_test.exs --trace") in found
@@ -57,9 +57,9 @@ def test_commands_from_tool_call_arguments():
 def test_a_call_names_its_target_and_carries_its_content():
     call = {"function": {"name": "Write", "arguments": json.dumps(
         {"file_path": "/app/lib/pool.ex", "content": "defmodule Pool do\n  @size 120\n  # see lib/other.ex\nend\n"})}}
-    target, carried, command = atoms.call_text(call)
+    target, carried, command = extraction.call_text(call)
     assert target == "Write /app/lib/pool.ex" and "lib/other.ex" in carried and command is None
-    sources = {source: text for source, text, _ in atoms.parts({"role": "assistant", "content": "", "tool_calls": [call]})}
+    sources = {source: text for source, text, _ in extraction.parts({"role": "assistant", "content": "", "tool_calls": [call]})}
     assert set(sources) == {"tool_call", "tool_content"}
     facts = atoms.fact_set([{"role": "assistant", "content": "", "tool_calls": [call]}])
     by_key = {f.atom.key: f.source for f in (*facts.facts.values(), *facts.no_context.values())}
@@ -71,7 +71,7 @@ def test_working_set_markup_is_stripped():
                "payload); recall_history gives their context]\nerrors seen:\n- boom [#17]\ncommands run:\n"
                "- Bash: mix test — run the tests → exit 1 [#120 #131 #140 +2]\nfiles touched:\n"
                "said (user and assistant):\n- user: keep 64 workers [#9]")
-    text = atoms.strip_markup(payload)
+    text = atom_text.strip_markup(payload)
     for gone in ("412", "120", "131", "errors seen", "commands run", "files touched", "said (user"):
         assert gone not in text
     assert "keep 64 workers" in text and "mix test" in text
@@ -79,7 +79,7 @@ def test_working_set_markup_is_stripped():
 
 def test_strip_markup_keeps_what_a_person_wrote():
     text = "Fixed in PR #4521 [segment 3 of the Q3 report: revenue 4500 USD]; step #2 of the 2024 rollout"
-    assert atoms.strip_markup(text) == text
+    assert atom_text.strip_markup(text) == text
 
 
 def test_cjk_beside_a_number_is_a_boundary():
@@ -102,13 +102,13 @@ def test_strip_markup_removes_every_strategys_decoration():
                "For exact numbers, paths or quotes, call recall_history with the uid range in the header.\n"
                "- [#412] we moved to 64 workers\n[tool result cleared: Bash output, 3,428 chars; recall_history(4, 4)]\n"
                "[summary of the earlier conversation]")
-    text = atoms.strip_markup(payload)
+    text = atom_text.strip_markup(payload)
     for gone in ("123", "234", "412", "3,428", "recall_history", "segment", "compressed"):
         assert gone not in text
     assert "we moved to 64 workers" in text
     pruned = {"role": "assistant", "content": "", "tool_calls": [{"function": {
         "name": "Write", "arguments": json.dumps({"cleared": "arguments of 9,120 chars; recall_history(7, 7)"})}}]}
-    assert "9,120" not in atoms.payload_text([pruned])  # the stub as a payload holds it: decoded JSON
+    assert "9,120" not in extraction.payload_text([pruned])  # the stub as a payload holds it: decoded JSON
 
 
 def _facts(messages):

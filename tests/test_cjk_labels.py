@@ -10,8 +10,9 @@ import re
 from mfs_nb import lang
 from mfs_nb.commands.replay import normalise, replay
 from mfs_nb.events import Event
+from mfs_nb.layers.fact_track import fact_track
 from mfs_nb.layers.segments import Segment, build, instruction, topic_keywords
-from mfs_nb.layers.workset import budget, fact_track, lines_of
+from mfs_nb.layers.workset import budget, lines_of
 from mfs_nb.models.offline import extractive_merge, offline_reply
 
 ENGLISH_LABELS = ("said (user and assistant):", "errors seen:", "commands run:", "other tool calls:",
@@ -209,7 +210,7 @@ def test_the_eviction_note_in_the_send_view_is_in_the_conversations_language():
 
 
 def test_the_benchmark_strips_the_chinese_labels_and_keeps_the_words():
-    from mfs_nb.bench import atoms
+    from mfs_nb.bench import atom_text
 
     said = "阳台的番茄长到 12 厘米"
     labels = [
@@ -225,24 +226,24 @@ def test_the_benchmark_strips_the_chinese_labels_and_keeps_the_words():
         lang.text("verbatim_dropped", lang.CHINESE, lo=1, hi=233),
     ]
     for label in labels:
-        assert not atoms.strip_markup(label).strip(), label
+        assert not atom_text.strip_markup(label).strip(), label
     for role in lang.SPEAKERS:
-        assert atoms.strip_markup(f"- {lang.speaker(role, lang.CHINESE)}{said} [#17]").split() == said.split()
-        assert atoms.strip_markup(f"- #17 {lang.speaker(role, lang.CHINESE)}{said}").split() == said.split()
+        assert atom_text.strip_markup(f"- {lang.speaker(role, lang.CHINESE)}{said} [#17]").split() == said.split()
+        assert atom_text.strip_markup(f"- #17 {lang.speaker(role, lang.CHINESE)}{said}").split() == said.split()
     quoted = lang.text("quoted", lang.CHINESE, chars=3428, first_line=said, uid=41,
                        origin=lang.text("quoted_from_reply", lang.CHINESE, reply=40))
-    assert atoms.strip_markup(f"[#41] {quoted}").split() == [said.split()[0], "12", "厘米）；"]
+    assert atom_text.strip_markup(f"[#41] {quoted}").split() == [said.split()[0], "12", "厘米）；"]
     from_ai = lang.text("quoted", lang.CHINESE, chars=3428, first_line=said, uid=41,
                         origin=lang.text("quoted_from_ai", lang.CHINESE))
-    assert "3,428" not in atoms.strip_markup(from_ai) and "来自" not in atoms.strip_markup(from_ai)
+    assert "3,428" not in atom_text.strip_markup(from_ai) and "来自" not in atom_text.strip_markup(from_ai)
     for note in (lang.text("quoted_note", lang.CHINESE), lang.text("quoted_note_from", lang.CHINESE, reply=40)):
-        assert atoms.strip_markup(f"[#41] {note}\n{said}").split() == said.split()
+        assert atom_text.strip_markup(f"[#41] {note}\n{said}").split() == said.split()
     doc = lang.text("document_snapshot", lang.CHINESE, path="attachments/ab12-部署.md", chars=9120, first_line=said)
-    assert "9,120" not in atoms.strip_markup(doc) and "文档" not in atoms.strip_markup(doc)
-    assert "attachments/ab12-部署.md" in atoms.strip_markup(doc) and said in atoms.strip_markup(doc)
+    assert "9,120" not in atom_text.strip_markup(doc) and "文档" not in atom_text.strip_markup(doc)
+    assert "attachments/ab12-部署.md" in atom_text.strip_markup(doc) and said in atom_text.strip_markup(doc)
     pointer = lang.text("document", lang.CHINESE, chars=9120, first_line=said, uid=41)
-    stripped = atoms.strip_markup(pointer)
+    stripped = atom_text.strip_markup(pointer)
     assert "9,120" not in stripped and "可取回" not in stripped and "recall_history" not in stripped and said in stripped
     # what a person wrote with the same words stays
     person = "用户：我们的助手工具在文档首行写了 3,428 个字符"
-    assert atoms.strip_markup(person) == person
+    assert atom_text.strip_markup(person) == person

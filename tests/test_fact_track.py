@@ -8,7 +8,7 @@ from conftest import FakeLLM
 
 from mfs_nb import Session
 from mfs_nb.events import Event
-from mfs_nb.layers.workset import fact_track
+from mfs_nb.layers.fact_track import fact_track
 
 
 def _events(n: int) -> list[Event]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from conftest import FakeLLM
 
 from mfs_nb import Session
-from mfs_nb.bench import atoms
+from mfs_nb.bench import atom_text
 from mfs_nb.lang import text
 
 ZH = "我们把连接池上限定为三十，数据库允许一百二十个连接，配置文件在 deploy/pool.yaml，周五之前上线。"
@@ -48,9 +48,9 @@ def test_an_english_conversation_keeps_english_and_the_metric_strips_both(store_
     assert text("honesty") in payload and text("honesty", "Chinese") not in payload
     for language in (None, "Chinese"):
         for key in ("honesty", "facts_label", "knowledge_header"):
-            assert atoms.strip_markup(text(key, language)).strip() == "", (key, language)
-        assert atoms.strip_markup(text("fact_caption", language, upto=12)).strip() == ""
-        assert atoms.strip_markup(text("budget_note", language, share="63%", line="90%")).strip() == ""
+            assert atom_text.strip_markup(text(key, language)).strip() == "", (key, language)
+        assert atom_text.strip_markup(text("fact_caption", language, upto=12)).strip() == ""
+        assert atom_text.strip_markup(text("budget_note", language, share="63%", line="90%")).strip() == ""
 
 
 def test_notices_in_chinese_and_the_budget_note_through_the_magics(ip, capsys):

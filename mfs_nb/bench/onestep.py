@@ -34,7 +34,7 @@ from typing import Any
 from ..commands.replay import normalise, replay
 from ..recall import ranking as S
 from ..window.tokens import message_tokens
-from . import atoms, baselines
+from . import baselines, extraction
 from .atom_text import STOP, stem_word
 from .dataset import to_openai
 
@@ -155,8 +155,8 @@ def _flat(text: str) -> str:
 
 
 def flat_text(payload: Sequence[dict[str, Any]]) -> str:
-    """A payload's markup-free text (`atoms.payload_text`), whitespace flattened."""
-    return _flat(atoms.payload_text(payload))
+    """A payload's markup-free text (`extraction.payload_text`), whitespace flattened."""
+    return _flat(extraction.payload_text(payload))
 
 
 def held(text: str, turns: Sequence[str], evidence: set[int]) -> bool:

@@ -21,7 +21,7 @@ from typing import Any
 from ..commands.replay import normalise, replay
 from ..window.tokens import estimate_tokens, message_tokens
 from ..window.usage import ContextProfile
-from . import atoms, baselines
+from . import atoms, baselines, extraction
 from .dataset import Data, to_openai
 
 NAME = "baselines"
@@ -38,7 +38,7 @@ def _flat(text: str) -> str:
 def user_words(messages: list[dict[str, Any]], final: list[dict[str, Any]], upto: int) -> float:
     """Share of the user's tokens (messages before `upto`) whose whole message stands verbatim in
     the markup-free payload."""
-    payload = _flat(atoms.payload_text(final))
+    payload = _flat(extraction.payload_text(final))
     users = [m["content"] for m in messages[:upto] if m.get("role") == "user" and (m.get("content") or "").strip()]
     total = sum(estimate_tokens(u) for u in users)
     return sum(estimate_tokens(u) for u in users if _flat(u) in payload) / max(total, 1)

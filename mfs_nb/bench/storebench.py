@@ -35,7 +35,7 @@ from ..session import Session
 from ..store import Store
 from ..store.salvage import layout
 from .dataset import Data
-from .recallbench import percentile
+from .recall_speed import percentile
 
 NAME = "store"
 NEEDS = ("locomo",)

@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "index":
             return _index(args.store, args.session, args.workers, args.ray)
         if args.command == "mcp":
-            from .mcp_server import serve
+            from .mcp_serve import serve
 
             return serve(args.store, args.transport, args.host, args.port, args.allow_writes)
         if args.command == "doctor":

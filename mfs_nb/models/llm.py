@@ -18,17 +18,16 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import LLMError, PromptTooLong
-from ..redaction import redact
+from ..errors import LLMError
 from ..settings import OFFLINE_MODEL
 from . import prompt_cache
+from .failures import NO_KEY, Switch, classify
 from .prompt_cache import CacheHints
 
 _litellm: Any = None
@@ -73,7 +72,6 @@ def is_offline(model: str) -> bool:
 
 # Sent as the key to a custom endpoint that has none configured, so litellm never falls back to a
 # provider key from the environment (an OpenAI-compatible client needs some value).
-NO_KEY = "mfs-no-key"
 
 
 @dataclass(frozen=True)
@@ -117,14 +115,6 @@ class Completion:
     endpoint: str
     model: str
     duration_s: float = 0.0
-
-
-class _Switch(Exception):
-    """Internal: a transport failure that the other endpoint may not have."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
 
 
 class LLM:
@@ -223,12 +213,12 @@ class LLM:
         """Call the model; on a transport failure try the other endpoint once. `cache`: where the
         request's stable points are, applied by each endpoint's own rules (`prompt_cache`)."""
         order = self._order()
-        last: _Switch | None = None
+        last: Switch | None = None
         for i, endpoint in enumerate(order):
             started = time.monotonic()
             try:
                 result = self._call(endpoint, messages, tools, stream, on_delta, cache)
-            except _Switch as exc:
+            except Switch as exc:
                 last = exc
                 if i + 1 < len(order):
                     if on_reset:
@@ -274,7 +264,7 @@ class LLM:
                 return self._consume_stream(endpoint, litellm.completion(**kwargs), on_delta)
             response = litellm.completion(**kwargs)
             return _from_response(endpoint, response)
-        except (_Switch, LLMError):
+        except (Switch, LLMError):
             raise
         except Exception as exc:
             if hinted and getattr(exc, "status_code", None) == 400 and prompt_cache.rejected(str(exc)):
@@ -282,7 +272,7 @@ class LLM:
                 self.no_cache.add(endpoint.describe())
                 self.notes.append(f"{endpoint.model} refused the prompt-cache hints; sent without them from now on")
                 return self._call(endpoint, messages, tools, stream, on_delta, None)
-            raise _classify(exc, endpoint) from exc
+            raise classify(exc, endpoint) from exc
 
     def _hint(self, endpoint: Endpoint, kwargs: dict[str, Any], cache: CacheHints | None) -> bool:
         """Put the endpoint family's cache hints into the request: breakpoints for Anthropic-style
@@ -338,7 +328,7 @@ class LLM:
         for n, call in enumerate(tool_calls):
             call["id"] = call["id"] or f"call_{n}"
         if not "".join(parts).strip() and not tool_calls:
-            raise _Switch(f"empty reply from {endpoint.model} (HTTP 200 stream with no content)")
+            raise Switch(f"empty reply from {endpoint.model} (HTTP 200 stream with no content)")
         return Completion("".join(parts), tool_calls, usage, endpoint.label, model)
 
 
@@ -346,7 +336,7 @@ def _from_response(endpoint: Endpoint, response: Any) -> Completion:
     choices = getattr(response, "choices", None)
     message = getattr(choices[0], "message", None) if choices else None
     if message is None:
-        raise _Switch(f"malformed reply from {endpoint.model} (HTTP 200 with no choices)")
+        raise Switch(f"malformed reply from {endpoint.model} (HTTP 200 with no choices)")
     tool_calls = []
     for n, tc in enumerate(getattr(message, "tool_calls", None) or ()):
         tool_calls.append({
@@ -356,7 +346,7 @@ def _from_response(endpoint: Endpoint, response: Any) -> Completion:
         })
     content = message.content if isinstance(message.content, str) else ""
     if not content.strip() and not tool_calls:
-        raise _Switch(f"empty reply from {endpoint.model} (HTTP 200 with no content)")
+        raise Switch(f"empty reply from {endpoint.model} (HTTP 200 with no content)")
     return Completion(content, tool_calls, _usage(getattr(response, "usage", None)),
                       endpoint.label, endpoint.model)
 
@@ -386,73 +376,6 @@ def _usage(raw: Any) -> dict[str, int] | None:
     except (AttributeError, TypeError, ValueError):
         return None
 
-
-_GAP = re.compile(r"(\d[\d,]*)\s*tokens?\s*>\s*(\d[\d,]*)|requested\s+(\d[\d,]*)\s+tokens.*?maximum.*?(\d[\d,]*)",
-                  re.I | re.S)
-_MAXCTX = re.compile(r"maximum context length is\s+(\d[\d,]*).*?(?:resulted in|requested)\s+(\d[\d,]*)", re.I | re.S)
-
-
-def parse_token_gap(message: str) -> int | None:
-    """How many tokens over the limit a prompt-too-long error says the request was, if it says."""
-    m = _MAXCTX.search(message)
-    if m:
-        limit, used = (int(g.replace(",", "")) for g in m.groups())
-        return max(used - limit, 0) or None
-    m = _GAP.search(message)
-    if m:
-        if m.group(1):
-            used, limit = int(m.group(1).replace(",", "")), int(m.group(2).replace(",", ""))
-        else:
-            used, limit = int(m.group(3).replace(",", "")), int(m.group(4).replace(",", ""))
-        return max(used - limit, 0) or None
-    return None
-
-
-def _one_line(exc: BaseException, endpoint: Endpoint) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    text = redact(text, (endpoint.key(),) if endpoint.key() != NO_KEY else ())
-    return text[:300] + ("…" if len(text) > 300 else "")
-
-
-def _transport_failure(exc: BaseException, reason: str) -> str:
-    """'timeout' or 'connection error' when no HTTP answer came (litellm may wrap these in a 500)."""
-    seen: BaseException | None = exc
-    names = []
-    for _ in range(8):
-        if seen is None:
-            break
-        names.append(type(seen).__name__)
-        seen = seen.__cause__ or seen.__context__
-    if any("Timeout" in n for n in names) or re.search(r"\btimed? ?out\b", reason, re.I):
-        return "timeout"
-    if any("Connect" in n for n in names) or re.search(r"connection (?:error|refused|reset)|cannot connect", reason, re.I):
-        return "connection error"
-    return ""
-
-
-def _classify(exc: Exception, endpoint: Endpoint) -> Exception:
-    name = type(exc).__name__
-    status = getattr(exc, "status_code", None)
-    reason = _one_line(exc, endpoint)
-    if re.search(r"api[_ ]key.{0,80}(must be set|missing|not set|not provided)|(missing|no) api[_ ]key", reason, re.I):
-        return LLMError(f"{endpoint.model}: no API key for this endpoint; set {endpoint.key_hint()} in the environment "
-                        "and re-run the cell (keys are never saved)")
-    if "ContextWindowExceeded" in name or re.search(r"context length|prompt is too long|too many tokens", reason, re.I):
-        return PromptTooLong(f"{endpoint.model}: prompt too long: {reason}", parse_token_gap(str(exc)))
-    transport = _transport_failure(exc, reason)
-    if transport:  # nothing answered: never reported as an HTTP status
-        return _Switch(f"{transport} reaching {endpoint.model}"
-                       f"{' at ' + endpoint.api_base if endpoint.api_base else ''}: {reason}")
-    if "ServiceUnavailable" in name or "InternalServer" in name \
-            or "RateLimit" in name or "BadGateway" in name or (isinstance(status, int) and (status == 429 or status >= 500)):
-        label = f"HTTP {status}" if isinstance(status, int) else name
-        return _Switch(f"{label} from {endpoint.model}: {reason}")
-    if "Authentication" in name or status == 401:
-        return LLMError(f"{endpoint.model}: the endpoint rejected the key ({reason}); set {endpoint.key_hint()} "
-                        "in the environment and re-run the cell")
-    if "NotFound" in name or status == 404:
-        return LLMError(f"{endpoint.model}: model or endpoint not found ({reason}); check `%mfs config model=…`")
-    return LLMError(f"{endpoint.model}: {reason}")
 
 
 def model_window(model: str) -> int | None:

@@ -18,45 +18,39 @@ are still found by full text, and the results say so.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import StoreError
 from ..events import Event
-from ..models import offprocess
-from ..models.embed import LATENT_TERMS, limit_this_thread
+from ..models.embed import LATENT_TERMS
 from . import ranking as S
+from .pacing import Pacing, lower_priority
 from .ranking import Results
 from .rows import INDEX_FIELDS, latent_row, plain_rows, rows_for_events, rows_for_segment, rows_for_window
-from .searcher import Searcher, last_search, searching
+from .searcher import Searcher
 
 if TYPE_CHECKING:
     from ..host import Host
     from ..layers.segments import Segment
 
 # The background thread embeds one text per call on one core at the lowest priority (`limit_this_thread`;
-# the indexers of all sessions of a process take turns on that core, `_BACKGROUND_CORE`), so a turn or a
+# the indexers of all sessions of a process take turns on that core, `pacing.BACKGROUND_CORE`), so a turn or a
 # search keeps the other cores, and before each text it waits while a turn or a search runs; vectors are
 # written every WRITE_ROWS rows, so the store sees a few writes a minute instead of one per text. A write
 # cannot be stopped once begun, and a turn that starts during one shares the machine with it (at 32 rows
 # written whenever they were ready, one turn in ten overlapped a write in a profile of `recall_speed`'s turns): so
 # while turns keep coming, rows wait (up to HOLD_ROWS) for the moment right after a turn or a search
-# ends (SHADOW_S), the furthest from the next one, and each commit of a write waits while a turn runs.
+# ends (`pacing.SHADOW_S`), the furthest from the next one, and each commit of a write waits while a turn runs.
 BATCH = 1
-_BACKGROUND_CORE = threading.Lock()  # held by a background indexer while it embeds (`Indexer._core`)
 WRITE_ROWS = 128
 HOLD_ROWS = 4 * WRITE_ROWS  # rows embedded and not written yet, at most, while waiting for that moment
-SHADOW_S = 0.15  # "right after a turn ended"
 TEXT_EVENTS = 1_000  # events per full-text write when a backlog is indexed
-IDLE_GRACE_S = 0.1  # after a turn, wait this long before indexing again
-IDLE_CORES_S = 2.0  # no turn, write or search for this long: the background indexer embeds on every core
 CONTEXT_WEIGHT = 0.5  # a first chunk's vector: its own plus this much of the event before's (LoCoMo: 0.3-1.0 tried)
 LATENT_SEEN = 256  # texts whose latent terms the indexer keeps (the event before a row was usually just read)
 OPTIMIZE_EVERY = 2_000  # rows written (text and vector rows) between index optimisations
@@ -88,10 +82,9 @@ class Indexer:
         self.notices: list[str] = []
         self.reader = Searcher(self)  # the hybrid search over what this writes
         self._flushes: deque[tuple[float, int]] = deque(maxlen=64)  # (when, vector watermark) at each write
-        self._active_at = time.monotonic()  # the last turn, write or search the background thread saw
         self._latent_seen: OrderedDict[tuple[str, str], Any] = OrderedDict()  # (model, text) -> the latent terms
-        self._threads = 0  # the encoder threads the background thread is set to (0: not set yet)
-        self._resumed_at = 0.0  # when the background thread last went on after waiting for a turn
+        # how the background thread shares the machine (one core while the session is in use, …)
+        self.pacing = Pacing(host, lambda: threading.current_thread() is self._thread, lambda: self._stop)
 
     # -- writing -----------------------------------------------------------------------------
     def kick(self, force: bool = False) -> None:
@@ -100,7 +93,7 @@ class Indexer:
         read-only here: search reads what is indexed, and says how far that is."""
         if (not self.enabled and not force) or self.host.store.read_only:
             return
-        self._active_at = time.monotonic()
+        self.pacing.touch()
         with self._start_lock:
             self._idle.clear()
             self._wake.set()
@@ -171,7 +164,7 @@ class Indexer:
             while win_upto + S.WINDOW_EVENTS <= text_upto:  # an older store's windows, in steps
                 if self._stop:
                     return {"text_rows": n_rows, "vector_rows": 0}
-                self._yield_to_turn()
+                self.pacing.yield_to_turn()
                 rows = window_rows(name, by_uid, win_upto, min(text_upto, win_upto + TEXT_EVENTS))
                 if not rows:  # events this process has not read yet: their windows wait
                     break
@@ -185,7 +178,7 @@ class Indexer:
             for i in range(0, max(len(new_events), 1), TEXT_EVENTS):  # a long backlog in steps, between turns
                 if self._stop:
                     return {"text_rows": n_rows, "vector_rows": 0}
-                self._yield_to_turn()
+                self.pacing.yield_to_turn()
                 step = new_events[i:i + TEXT_EVENTS]
                 rows = rows_for_events(step, before)
                 last = i + TEXT_EVENTS >= len(new_events)
@@ -195,7 +188,7 @@ class Indexer:
                 rows += wins
                 if rows:
                     store.index_text(rows)
-                    self._yield_to_turn()
+                    self.pacing.yield_to_turn()
                 if step or (last and new_segs):
                     text_upto = max([text_upto] + [e.uid for e in step])
                     if last:
@@ -231,7 +224,7 @@ class Indexer:
         self._rows_since_optimize = 0
         try:
             info = self.host.store.optimize_recall(embedder.model_id if embedder is not None else None,
-                                                   between=self._yield_to_turn)
+                                                   between=self.pacing.yield_to_turn)
         except Exception as exc:  # a fold is an optimisation: nothing is lost, and indexing goes on
             self.host.log("recall_fold_skipped", error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
             return
@@ -244,7 +237,7 @@ class Indexer:
         the watermark) every `max(size, WRITE_ROWS)` rows. In the background thread it embeds one
         text at a time and waits while a turn or a search runs, before every text and every commit,
         and while turns keep coming it holds up to `HOLD_ROWS` rows for the moment right after one
-        (`_time_to_write`)."""
+        (`Pacing.time_to_write`)."""
         store, name, model_id = self.host.store, self.host.name, embedder.model_id
         upto, seg_upto = store.recall_state(name, model_id)
         # latent terms are written with the vectors; rows embedded before (an older store, a head that
@@ -254,7 +247,7 @@ class Indexer:
         before = next((e for e in reversed(events) if e.uid <= upto), None)
         written = 0
         for i in range(0, len(new_events), TEXT_EVENTS):  # rows are built a step at a time, between turns
-            self._yield_to_turn()
+            self.pacing.yield_to_turn()
             step = rows_for_events(new_events[i:i + TEXT_EVENTS], new_events[i - 1] if i else before)
             step = sorted(step + (plain_rows(step) if plain else []), key=lambda r: (r["uid"], r["chunk"] < 0))
             done, upto, seg_upto = self._embed_rows(embedder, step, segments, upto, seg_upto, size)
@@ -276,10 +269,10 @@ class Indexer:
         for i in range(0, len(todo), size):
             if self._stop:  # closed: the watermark says where to resume
                 return written, upto, seg_upto
-            self._yield_to_turn()
-            self._set_threads()
+            self.pacing.yield_to_turn()
+            self.pacing.set_threads()
             batch = todo[i:i + size]
-            with self._core():
+            with self.pacing.core():
                 try:
                     vectors = row_vectors(embedder, batch)
                     if not np.all(np.isfinite(vectors)):
@@ -292,14 +285,14 @@ class Indexer:
                     return written, upto, seg_upto
                 pending += zip(batch, vectors, self._latent(embedder, batch))
             rest = todo[i + size:]
-            if rest and (len(pending) < every or len(pending) < max(every, HOLD_ROWS) and not self._time_to_write()):
+            if rest and (len(pending) < every or len(pending) < max(every, HOLD_ROWS) and not self.pacing.time_to_write()):
                 continue
-            self._yield_to_turn()  # and before each commit: a turn that starts meanwhile overlaps one, not three
+            self.pacing.yield_to_turn()  # and before each commit: a turn that starts meanwhile overlaps one, not three
             store.index_latent(model_id, [latent_row(r, t) for r, _, t in pending if t is not None])
-            self._yield_to_turn()
+            self.pacing.yield_to_turn()
             store.index_vectors(model_id, [{k: r[k] for k in INDEX_FIELDS} | {"vector": v.tolist()}
                                            for r, v, _ in pending])
-            self._yield_to_turn()
+            self.pacing.yield_to_turn()
             done_rows = [r for r, _, _ in pending]
             written += len(pending)
             flushed, pending = pending, []
@@ -333,21 +326,21 @@ class Indexer:
         for i in range(0, len(todo), LATENT_EVENTS):
             if self._stop:
                 return False
-            self._yield_to_turn()
+            self.pacing.yield_to_turn()
             step = todo[i:i + LATENT_EVENTS]
             rows = rows_for_events(step, todo[i - 1] if i else before)
-            with self._core():
+            with self.pacing.core():
                 terms = self._latent(embedder, rows)
             if any(t is None for t in terms):
                 return False
-            self._yield_to_turn()
+            self.pacing.yield_to_turn()
             store.index_latent(model_id, [latent_row(r, t) for r, t in zip(rows, terms)])
             upto = step[-1].uid
             store.save_recall_state(name, model_id + LATENT, upto, seg_upto)
         segs = [x for x in segments if seg_upto < x.id <= vectors[1]]
         rows = [r for x in segs for r in rows_for_segment(name, x, turns.get(x.uid_to, 0))]
         if rows:
-            with self._core():
+            with self.pacing.core():
                 terms = self._latent(embedder, rows)
             if any(t is None for t in terms):
                 return False
@@ -363,7 +356,7 @@ class Indexer:
         if latent is None or self.latent_failed:
             return [None] * len(rows)
         want = [r for r in rows if r["chunk"] >= 0]
-        self._set_threads()
+        self.pacing.set_threads()
         try:
             texts = list(dict.fromkeys([r["text"] for r in want] + [r["before"] for r in want if r.get("before")]))
             seen = self._latent_seen
@@ -382,66 +375,6 @@ class Indexer:
             self.note(f"latent terms are unavailable ({self.latent_failed}); search fuses full text and vectors only")
             return [None] * len(rows)
         return [next(found) if r["chunk"] >= 0 else None for r in rows]
-
-    @contextlib.contextmanager
-    def _core(self) -> Iterator[None]:
-        """The background core: the indexers of every session of this process (a server holds many)
-        embed one at a time between them, each on one thread, so the rest of the machine stays free;
-        their passes run in the encoder process (`offprocess`), which turns and searches stop."""
-        if threading.current_thread() is not self._thread:
-            yield
-            return
-        with _BACKGROUND_CORE, offprocess.routed():
-            yield
-
-    def _yield_to_turn(self, limit_s: float = 60.0) -> None:
-        """Wait while the session is busy (a turn holds its lock) or a search runs in this process (a
-        server's request, another session's tool call), and a little after: embedding and writes compete
-        with them for the cores, the interpreter, the caches and the store. Only the background thread waits."""
-        if threading.current_thread() is not self._thread:
-            return
-
-        def busy() -> bool:
-            return self.host.busy() or searching()
-
-        end = time.monotonic() + limit_s
-        waited = False
-        while time.monotonic() < end and not self._stop:
-            if not busy():
-                if not waited:
-                    return
-                time.sleep(IDLE_GRACE_S)  # the next turn of a loop of turns usually starts right away
-                if not busy():
-                    self._resumed_at = time.monotonic()
-                    return
-            waited = True
-            self._active_at = time.monotonic()
-            time.sleep(0.02)
-
-    def _time_to_write(self) -> bool:
-        """Whether the background thread writes the rows it holds now: right after a turn or a search
-        ended (the next one is furthest away) — within `SHADOW_S` of its end, or of this thread going
-        on after waiting for it (`_yield_to_turn` goes on `IDLE_GRACE_S` after the end) — or once none
-        has come for `IDLE_CORES_S` (a person reading, a history left to index). Any other thread
-        writes at once."""
-        if threading.current_thread() is not self._thread:
-            return True
-        now = time.monotonic()
-        since = now - max(self.host.turn_ended(), last_search())
-        return since < SHADOW_S or now - self._resumed_at < SHADOW_S or since >= IDLE_CORES_S
-
-    def _set_threads(self) -> None:
-        """The background thread embeds on one core while the session is in use, so a turn or a
-        search keeps the others; once nothing has happened for `IDLE_CORES_S` (a person reading, an
-        imported history left to index), on all of them. A turn that starts then waits for one text."""
-        if threading.current_thread() is not self._thread:
-            return
-        quiet = time.monotonic() - max(self._active_at, last_search()) >= IDLE_CORES_S and not searching()
-        want = _cores() if quiet else 1
-        if want != self._threads:
-            limit_this_thread(want)
-            self._threads = want
-        offprocess.ENCODER.threads = want  # every time: one child serves every session, each with its own count
 
     def last_uid(self) -> int:
         events = self.host.events()
@@ -537,19 +470,3 @@ def backlog(progress: dict[str, Any]) -> str:
     minutes = eta / 60
     return (f"; {progress['last_uid'] - upto:,} to go at {rate:.1f} a second, "
             + ("under a minute left" if minutes < 1 else f"about {minutes:.0f} min left"))
-
-
-def _cores() -> int:
-    """The cores this process may run on (its affinity where the OS tells, else the machine's)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
-def lower_priority() -> None:
-    """Run this thread (and the threads it starts) at the lowest CPU priority, where the OS allows."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # Linux: per thread
-    except (AttributeError, OSError):
-        pass

@@ -25,6 +25,7 @@ import numpy as np
 from ..errors import InputError
 from ..events import Event
 from ..models import offprocess
+from . import dates
 from . import ranking as S
 from .ranking import Hit, Results
 from .rows import event_text, segment_in_force
@@ -294,7 +295,7 @@ class Searcher:
         local = datetime.now().astimezone()
         offset = local.utcoffset() or timedelta(0)
         newest = _parse_stamp(events[-1].created_at)
-        windows = S.time_windows(query, local.replace(tzinfo=None), newest + offset if newest else None)
+        windows = dates.time_windows(query, local.replace(tzinfo=None), newest + offset if newest else None)
         if not windows:
             return []
         stamps = [e.created_at for e in events]

@@ -14,10 +14,10 @@ from .. import lang
 from ..compaction import Compactor
 from ..errors import ConfigError, StoreError
 from ..events import Event, Retries, clean_text, now_iso
+from ..layers.fact_track import FactTrack
 from ..layers.knowledge import KnowledgeSlot
 from ..layers.track import VerbatimTrack
 from ..layers.view import RawCache
-from ..layers.workset import FactTrack
 from ..models.llm import LLM, default_endpoints, is_offline, unknown_model
 from ..recall.indexer import Indexer
 from ..recall.tools import SHORT_BELOW, Tool

@@ -11,8 +11,9 @@ from typing import Any
 from .. import lang
 from ..errors import InputError
 from ..events import Event, now_iso
+from ..recall.dates import uid_bounds
 from ..recall.ranking import METHODS as SEARCH_METHODS
-from ..recall.ranking import PAGE, Results, uid_bounds
+from ..recall.ranking import PAGE, Results
 from ..recall.tools import format_events, format_hits, memory_result_chars, parse_range
 from .intake import Intake
 from .parts import QUIET_KEEP_S

@@ -8,9 +8,9 @@ from typing import Any
 from .. import lang
 from ..layers import clearing
 from ..layers.clearing import Clearing
+from ..layers.fact_track import FactTrack, fact_track
 from ..layers.segments import Segment
 from ..layers.view import SendView, project
-from ..layers.workset import FactTrack, fact_track
 from ..window.tokens import message_tokens
 from ..window.usage import Usage
 from .base import SessionBase

@@ -16,6 +16,7 @@ from ..compaction import Compactor
 from ..errors import ConfigError, InputError, MfsError, StoreError
 from ..events import Event, Retries, now_iso
 from ..host import Host
+from ..layers.fact_track import FactTrack
 from ..layers.knowledge import (
     FORGET_DESCRIPTION,
     FORGET_SCHEMA,
@@ -28,7 +29,6 @@ from ..layers.knowledge import (
 from ..layers.snapshots import read_document
 from ..layers.track import VerbatimTrack
 from ..layers.view import RawCache
-from ..layers.workset import FactTrack
 from ..models import offprocess
 from ..models.llm import LLM, Completion, missing_key
 from ..recall.indexer import Indexer

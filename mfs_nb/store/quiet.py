@@ -57,7 +57,7 @@ class Quiet:
                 self._thread.start()
 
     def _loop(self) -> None:
-        from ..recall.indexer import lower_priority
+        from ..recall.pacing import lower_priority
 
         lower_priority()
         while True:
